@@ -1,0 +1,3 @@
+from mhalearn.cli import main
+
+raise SystemExit(main())
