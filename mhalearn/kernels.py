@@ -1,0 +1,170 @@
+"""Pure attention math on ONE sequence: no randomness, no batching.
+
+Vocabulary (see the README): ``tokens`` = k (Chen–Li) / T (Deora et al.), ``dim`` = d,
+``heads`` = m / H, ``theta`` = per-head query·key matrix, ``W`` = per-head value·output
+matrix (Chen–Li) or merged key·query matrix (classifier), ``U`` = classifier readout.
+
+Every function here is written for a single sequence ``X`` of shape ``(tokens, dim)``;
+map it over samples and instances with ``jax.vmap``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float
+
+from mhalearn._validate import check_shapes, choice, in_range
+
+
+def _attend(
+    queries: Float[Array, "queries dim"],
+    keys: Float[Array, "tokens dim"],
+    theta: Float[Array, "heads dim dim"],
+    temperature: float = 1.0,
+) -> Float[Array, "heads queries tokens"]:
+    """softmax over keys of ``temperature * queries Θ_h keysᵀ`` for every head.
+
+    ``jax.nn.softmax`` subtracts the row maximum, so large finite scores give (near-)argmax
+    attention instead of ``inf``/``NaN``.
+    """
+    scores = jnp.einsum("qd,hde,ke->hqk", queries, theta, keys)
+    return jax.nn.softmax(temperature * scores, axis=-1)
+
+
+def attention_weights(
+    X: Float[Array, "tokens dim"], theta: Float[Array, "heads dim dim"]
+) -> Float[Array, "heads tokens tokens"]:
+    """Attention of every head: ``A_i = softmax(X Θ_i Xᵀ)``, each row summing to one over keys."""
+    check_shapes(("X", X, "tokens dim"), ("theta", theta, "heads dim dim"))
+    return _attend(X, X, theta)
+
+
+def head_features(
+    X: Float[Array, "tokens dim"], theta: Float[Array, "heads dim dim"]
+) -> Float[Array, "heads tokens dim"]:
+    """Per-head features ``Φ_i(X) = A_i(X) X``; the layer is ``Σ_i Φ_i W_i``, linear in ``W``."""
+    return attention_weights(X, theta) @ X
+
+
+def mha(
+    X: Float[Array, "tokens dim"],
+    theta: Float[Array, "heads dim dim"],
+    W: Float[Array, "heads dim dim"],
+) -> Float[Array, "tokens dim"]:
+    """The Chen–Li multi-head attention layer ``F(X) = Σ_i softmax(X Θ_i Xᵀ) X W_i``.
+
+    No 1/√d temperature (the scale lives in Θ), no mask, residual, bias or normalisation.
+    """
+    check_shapes(
+        ("X", X, "tokens dim"), ("theta", theta, "heads dim dim"), ("W", W, "heads dim dim")
+    )
+    return jnp.einsum("htd,hde->te", head_features(X, theta), W)
+
+
+# --------------------------------------------------------------------------------------
+# The classifier score family of Deora et al. (reconstructed; every choice is an option)
+
+Query = Literal["all", "first", "prompt"]
+Readout = Literal["matrix", "vector"]
+HeadScaling = Literal["sqrt", "mean", "sum"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ClassifierSpec:
+    """Structural choices of the classifier ``Φ(X) = α_H Σ_h ⟨U_h, softmax(τ·Q W_h Xᵀ) X⟩``.
+
+    - ``query``: ``"all"`` (Q = X, every token queries), ``"first"`` (Q = x_1) or
+      ``"prompt"`` (Q = p, a trainable prompt vector).
+    - ``readout``: ``"matrix"`` (U_h of shape ``(queries, dim)``) or ``"vector"`` (u_h of
+      shape ``(dim,)`` applied to every query's output and summed, i.e. U_h = 1 u_hᵀ).
+    - ``head_scaling``: α_H = 1/√H (``"sqrt"``), 1/H (``"mean"``) or 1 (``"sum"``), with H
+      the number of *active* heads under the head mask.
+    - ``temperature``: τ multiplying the scores (1, or ``1/math.sqrt(dim)``).
+    """
+
+    query: Query = "all"
+    readout: Readout = "matrix"
+    head_scaling: HeadScaling = "sqrt"
+    temperature: float = 1.0
+
+    def __post_init__(self):
+        choice("query", self.query, ("all", "first", "prompt"))
+        choice("readout", self.readout, ("matrix", "vector"))
+        choice("head_scaling", self.head_scaling, ("sqrt", "mean", "sum"))
+        in_range("temperature", self.temperature, 0.0, open_low=True)
+
+    def queries(self, tokens: int) -> int:
+        """Number of query rows: ``tokens`` when every token queries, else one."""
+        return tokens if self.query == "all" else 1
+
+    def readout_axes(self) -> str:
+        """The named shape of U for this readout."""
+        return "heads queries dim" if self.readout == "matrix" else "heads dim"
+
+
+def head_scale(active_heads: Float[Array, ""], scaling: HeadScaling) -> Float[Array, ""]:
+    """α_H from the number of active heads (at least one, so an all-masked model scores 0)."""
+    h = jnp.maximum(active_heads, 1)
+    if scaling == "sqrt":
+        return 1.0 / jnp.sqrt(h)
+    if scaling == "mean":
+        return 1.0 / h
+    return jnp.ones_like(h)
+
+
+def classifier_attention(
+    X: Float[Array, "tokens dim"],
+    W: Float[Array, "heads dim dim"],
+    spec: ClassifierSpec,
+    prompt: Float[Array, " dim"] | None = None,
+) -> Float[Array, "heads queries tokens"]:
+    """Attention of the classifier's queries over the tokens, for every head."""
+    check_shapes(("X", X, "tokens dim"), ("W", W, "heads dim dim"))
+    if spec.query == "prompt":
+        if prompt is None:
+            raise ValueError("prompt: query='prompt' needs a prompt of shape (dim,), received None")
+        check_shapes(("prompt", prompt, "dim"), dim=X.shape[1])
+        queries = prompt[None, :]
+    else:
+        queries = X if spec.query == "all" else X[:1]
+    return _attend(queries, X, W, spec.temperature)
+
+
+def classifier_score(
+    X: Float[Array, "tokens dim"],
+    W: Float[Array, "heads dim dim"],
+    U: Float[Array, "heads queries dim"] | Float[Array, "heads dim"],
+    spec: ClassifierSpec,
+    prompt: Float[Array, " dim"] | None = None,
+    head_mask: Float[Array, " heads"] | None = None,
+) -> Float[Array, ""]:
+    """The classifier's real-valued score ``Φ(X)``; the label is its sign.
+
+    ``head_mask`` (0/1 per head, an array so it can vary under ``vmap``) switches heads off:
+    a masked head contributes nothing and α_H is computed from the active count, so models
+    with different numbers of heads share one compilation.
+    """
+    A = classifier_attention(X, W, spec, prompt)
+    sizes = check_shapes(
+        ("U", U, spec.readout_axes()),
+        heads=W.shape[0],
+        queries=A.shape[1],
+        dim=X.shape[1],
+    )
+    out = A @ X  # (heads, queries, dim)
+    per_head = (
+        jnp.sum(U * out, axis=(-2, -1))
+        if spec.readout == "matrix"
+        else jnp.einsum("hd,hqd->h", U, out)
+    )
+    if head_mask is None:
+        head_mask = jnp.ones(sizes["heads"], per_head.dtype)
+    else:
+        check_shapes(("head_mask", head_mask, "heads"), heads=sizes["heads"])
+        head_mask = jnp.asarray(head_mask, per_head.dtype)
+    alpha = head_scale(jnp.sum(head_mask), spec.head_scaling)
+    return alpha * jnp.sum(head_mask * per_head)
