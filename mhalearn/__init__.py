@@ -1,0 +1,72 @@
+"""mhalearn: simulate how multi-head attention layers are learned, many instances at once.
+
+The public functional API is re-exported here; everything is written for one sequence or
+one instance and batched with ``jax.vmap``. Library code never enables float64: call
+``jax.config.update("jax_enable_x64", True)`` in your own entry point to opt in.
+"""
+
+from mhalearn.data import (
+    Mixture,
+    MixtureSpec,
+    boolean_tokens,
+    gaussian_tokens,
+    sample_tokens,
+    tokenized_mixture,
+)
+from mhalearn.kernels import (
+    ClassifierSpec,
+    attention_weights,
+    classifier_attention,
+    classifier_score,
+    head_features,
+    head_scale,
+    mha,
+)
+from mhalearn.params import ClassifierParams, LayerParams
+from mhalearn.teachers import (
+    FAMILIES,
+    ParameterDiagnostics,
+    TeacherDiagnostics,
+    TeacherInfo,
+    TeacherSpec,
+    attention_statistics,
+    draw_teacher,
+    parameter_diagnostics,
+    passes_checks,
+    sample_teacher,
+    sample_teacher_with_info,
+    teacher_diagnostics,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "FAMILIES",
+    "ClassifierParams",
+    "ClassifierSpec",
+    "LayerParams",
+    "Mixture",
+    "MixtureSpec",
+    "ParameterDiagnostics",
+    "TeacherDiagnostics",
+    "TeacherInfo",
+    "TeacherSpec",
+    "__version__",
+    "attention_statistics",
+    "attention_weights",
+    "boolean_tokens",
+    "classifier_attention",
+    "classifier_score",
+    "draw_teacher",
+    "gaussian_tokens",
+    "head_features",
+    "head_scale",
+    "mha",
+    "parameter_diagnostics",
+    "passes_checks",
+    "sample_teacher",
+    "sample_teacher_with_info",
+    "sample_tokens",
+    "teacher_diagnostics",
+    "tokenized_mixture",
+]

@@ -1,0 +1,22 @@
+"""The README's code runs as written."""
+
+import pathlib
+import re
+
+README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+
+
+def test_readme_python_example_runs():
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+    assert blocks, "the README has no python example"
+    for block in blocks:
+        namespace: dict = {}
+        exec(compile(block, str(README), "exec"), namespace)
+    assert namespace["Y"].shape == (1000, 4, 8)
+    assert namespace["score"].shape == ()
+
+
+def test_readme_has_the_two_commands():
+    text = README.read_text()
+    assert "mhalearn run" in text
+    assert re.search(r'pip install -e "\.\[test\]" && .*pytest', text)
