@@ -1,0 +1,192 @@
+"""Gradient-based learners: any optax optimiser inside ``lax`` loops, full batch or minibatch.
+
+``fit(key, problem, config, monitor=None) -> Fit`` fits one instance. Batch over instances
+with ``jax.vmap`` or, better, :func:`mhalearn.batch.map_instances`.
+
+- Per-instance numbers (``lr``, ``momentum``, ``tol``) are PyTree leaves of :class:`GDConfig`,
+  so a sweep over them is one compilation.
+- The trace is recorded at a fixed set of snapshot steps (log-spaced by default, or every
+  ``log_every`` steps): its size depends on the number of snapshots, not on ``steps``.
+  ``monitor(params) -> dict`` adds chosen metrics, evaluated at the snapshots only.
+- A step whose loss or new parameters are not finite freezes the instance at its last finite
+  parameters and flags it (``diverged``, ``diverged_at``); trace entries after that are NaN.
+  Other instances are untouched.
+- With ``tol > 0`` an instance stops (``converged``) once the loss its optimiser sees is
+  ``<= tol``; a chunk of instances stops computing when all of its instances have stopped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Literal
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree
+
+from mhalearn._validate import choice, in_range, positive_int
+
+OptimizerName = Literal["gd", "momentum", "adam", "normalized_gd"]
+OPTIMIZERS = ("gd", "momentum", "adam", "normalized_gd")
+
+
+class GDConfig(eqx.Module):
+    """Gradient-based fitting.
+
+    ``optimizer``: ``"gd"`` (plain gradient descent), ``"momentum"`` (heavy ball with
+    ``momentum``), ``"adam"``, ``"normalized_gd"`` (steps of length ``lr`` along −∇/‖∇‖), or
+    any optax factory taking the learning rate first (for example ``optax.lion``).
+    ``batch_size=None`` is full batch; otherwise each step draws ``batch_size`` samples without
+    replacement. ``snapshots`` log-spaced steps (0 and ``steps`` included) are traced, or
+    every ``log_every`` steps when it is set.
+    """
+
+    optimizer: OptimizerName | Callable[..., optax.GradientTransformation] = eqx.field(
+        static=True, default="adam"
+    )
+    steps: int = eqx.field(static=True, default=1000)
+    batch_size: int | None = eqx.field(static=True, default=None)
+    snapshots: int = eqx.field(static=True, default=40)
+    log_every: int | None = eqx.field(static=True, default=None)
+    lr: float | Array = 1e-2
+    momentum: float | Array = 0.9
+    tol: float | Array = 0.0
+
+    def __check_init__(self):
+        if not callable(self.optimizer):
+            choice("optimizer", self.optimizer, OPTIMIZERS)
+        positive_int("steps", self.steps)
+        positive_int("snapshots", self.snapshots)
+        if self.batch_size is not None:
+            positive_int("batch_size", self.batch_size)
+        if self.log_every is not None:
+            positive_int("log_every", self.log_every)
+        in_range("lr", self.lr, 0.0, open_low=True)
+        in_range("momentum", self.momentum, 0.0, 1.0)
+        in_range("tol", self.tol, 0.0)
+
+    def fit(self, key: PRNGKeyArray, problem, monitor=None) -> Fit:
+        return fit(key, problem, self, monitor)
+
+    def snapshot_steps(self) -> np.ndarray:
+        """The steps at which the trace records (0 = the start, ``steps`` = the end)."""
+        if self.log_every is not None:
+            steps = np.arange(0, self.steps + 1, self.log_every)
+        else:
+            steps = np.geomspace(1, self.steps, max(self.snapshots - 1, 1)).round()
+        return np.unique(np.concatenate([[0], steps, [self.steps]]).astype(np.int64))
+
+
+class Trace(eqx.Module):
+    steps: Int[Array, " snapshots"]
+    loss: Float[Array, " snapshots"]  # full training loss at each snapshot
+    metrics: dict[str, Float[Array, " snapshots"]]
+
+
+class Status(eqx.Module):
+    diverged: Bool[Array, ""]
+    diverged_at: Int[Array, ""]  # step whose update was not finite; -1 if none
+    converged: Bool[Array, ""]  # stopped early at loss <= tol
+    steps_taken: Int[Array, ""]  # updates applied
+
+
+class Fit(eqx.Module):
+    params: PyTree
+    trace: Trace
+    status: Status
+
+
+def make_optimizer(config: GDConfig) -> optax.GradientTransformation:
+    lr = config.lr
+    if callable(config.optimizer):
+        return config.optimizer(lr)
+    if config.optimizer == "gd":
+        return optax.sgd(lr)
+    if config.optimizer == "momentum":
+        return optax.sgd(lr, momentum=config.momentum)
+    if config.optimizer == "adam":
+        return optax.adam(lr)
+    return optax.chain(
+        optax.normalize_by_update_norm(scale_factor=1.0), optax.scale_by_learning_rate(lr)
+    )
+
+
+def _select(cond: Bool[Array, ""], new: PyTree, old: PyTree) -> PyTree:
+    return jax.tree.map(lambda a, b: jnp.where(cond, a, b), new, old)
+
+
+def _all_finite(tree: PyTree) -> Bool[Array, ""]:
+    leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]
+    return jnp.all(jnp.stack(leaves))
+
+
+def fit(
+    key: PRNGKeyArray,
+    problem,
+    config: GDConfig,
+    monitor: Callable[[Any], dict[str, Float[Array, ""]]] | None = None,
+) -> Fit:
+    """Fit ``problem``'s student from ``problem.init(key)`` with ``config``'s optimiser."""
+    if config.batch_size is not None and config.batch_size > problem.samples:
+        raise ValueError(
+            f"batch_size must be <= samples ({problem.samples}), received {config.batch_size}"
+        )
+    k_init, k_batch = jax.random.split(key)
+    opt = make_optimizer(config)
+    params = problem.init(k_init)
+    snap_steps = config.snapshot_steps()
+    lengths = np.diff(snap_steps, prepend=0)
+
+    def minibatch(t):
+        if config.batch_size is None:
+            return None
+        k = jax.random.fold_in(k_batch, t)
+        return jax.random.choice(k, problem.samples, (config.batch_size,), replace=False)
+
+    def step(carry):
+        i, params, opt_state, status, t = carry
+        loss, grads = jax.value_and_grad(problem.loss)(params, minibatch(t))
+        updates, new_state = opt.update(grads, opt_state, params)
+        new_params = optax.apply_updates(params, updates)
+        finite = jnp.isfinite(loss) & _all_finite(new_params)
+        done = loss <= config.tol
+        update = finite & ~done
+        status = Status(
+            diverged=~finite,
+            diverged_at=jnp.where(finite, status.diverged_at, t),
+            converged=finite & done,
+            steps_taken=status.steps_taken + update.astype(status.steps_taken.dtype),
+        )
+        params = _select(update, new_params, params)
+        opt_state = _select(update, new_state, opt_state)
+        return i + 1, params, opt_state, status, t + 1
+
+    def running(status: Status) -> Bool[Array, ""]:
+        return ~status.diverged & ~status.converged
+
+    def interval(carry, n):
+        params, opt_state, status, t = carry
+        _, params, opt_state, status, t = jax.lax.while_loop(
+            lambda c: (c[0] < n) & running(c[3]),
+            step,
+            (jnp.asarray(0), params, opt_state, status, t),
+        )
+        record = {"loss": problem.loss(params), **(monitor(params) if monitor else {})}
+        record = jax.tree.map(lambda v: jnp.where(status.diverged, jnp.nan, v), record)
+        return (params, opt_state, status, t), record
+
+    status = Status(
+        diverged=jnp.asarray(False),
+        diverged_at=jnp.asarray(-1),
+        converged=jnp.asarray(False),
+        steps_taken=jnp.asarray(0),
+    )
+    (params, _, status, _), records = jax.lax.scan(
+        interval, (params, opt.init(params), status, jnp.asarray(0)), jnp.asarray(lengths)
+    )
+    loss = records.pop("loss")
+    trace = Trace(steps=jnp.asarray(snap_steps), loss=loss, metrics=records)
+    return Fit(params=params, trace=trace, status=status)

@@ -1,0 +1,129 @@
+"""One instance's learning problem: a training set and the student model that is fitted to it.
+
+A problem is what every learner takes (``fit(key, problem, config)``). It knows:
+
+- ``init(key)``: the student's starting parameters;
+- ``loss(params, idx=None)``: the training loss on all samples, or on the samples ``idx``;
+- ``samples``: the training-set size.
+
+Numbers (init scales) are PyTree leaves; structure (student heads, model spec) is static.
+"""
+
+from __future__ import annotations
+
+import math
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float, Int, PRNGKeyArray
+
+from mhalearn._validate import check_shapes, positive_int
+from mhalearn.kernels import ClassifierSpec, classifier_score, mha
+from mhalearn.losses import logistic_loss, squared_loss
+from mhalearn.params import ClassifierParams, LayerParams
+
+
+def predict_layer(
+    params: LayerParams, X: Float[Array, "n tokens dim"]
+) -> Float[Array, "n tokens dim"]:
+    """The Chen–Li layer ``params`` applied to each of ``n`` sequences."""
+    return jax.vmap(mha, in_axes=(0, None, None))(X, params.theta, params.W)
+
+
+def _take(a: Array, idx: Int[Array, " batch"] | None) -> Array:
+    return a if idx is None else a[idx]
+
+
+class RegressionProblem(eqx.Module):
+    """Fit a Chen–Li layer with ``heads`` heads to pairs ``(X_n, Y_n)``.
+
+    Loss: mean squared error over every entry of ``F̂(X_n) − Y_n``. Student start:
+    Θ̂_i = (theta_init/dim)·G_i and Ŵ_i = w_init·H_i/√dim with G, H standard normal (the
+    teacher's law, so ‖Θ̂_i‖_F ≈ theta_init).
+    """
+
+    X: Float[Array, "samples tokens dim"]
+    Y: Float[Array, "samples tokens dim"]
+    heads: int = eqx.field(static=True)
+    theta_init: float | Array = 1.0
+    w_init: float | Array = 1.0
+
+    def __check_init__(self):
+        positive_int("heads", self.heads)
+        check_shapes(("X", self.X, "samples tokens dim"), ("Y", self.Y, "samples tokens dim"))
+
+    @property
+    def samples(self) -> int:
+        return self.X.shape[0]
+
+    def init(self, key: PRNGKeyArray) -> LayerParams:
+        d = self.X.shape[-1]
+        k_theta, k_w = jax.random.split(key)
+        shape = (self.heads, d, d)
+        theta = (self.theta_init / d) * jax.random.normal(k_theta, shape, self.X.dtype)
+        W = (self.w_init / math.sqrt(d)) * jax.random.normal(k_w, shape, self.X.dtype)
+        return LayerParams(theta=theta, W=W)
+
+    def loss(
+        self, params: LayerParams, idx: Int[Array, " batch"] | None = None
+    ) -> Float[Array, ""]:
+        return squared_loss(predict_layer(params, _take(self.X, idx)), _take(self.Y, idx))
+
+
+class ClassificationProblem(eqx.Module):
+    """Fit the classifier family (``spec``, up to ``heads`` heads) to labels ``y`` ∈ {±1}.
+
+    Loss: mean logistic loss. ``active_heads`` (a leaf, so it can vary under ``vmap``) masks
+    the heads beyond it; α_H uses the active count. Student start: U = u_init·N(0, 1/dim)
+    entries, W_h = (w_init/dim)·G_h (so ‖W_h‖_F ≈ w_init; w_init = 0 gives uniform attention),
+    and a prompt p ~ N(0, I/dim) when ``spec.query == "prompt"``.
+    """
+
+    X: Float[Array, "samples tokens dim"]
+    y: Float[Array, " samples"]
+    spec: ClassifierSpec = eqx.field(static=True)
+    heads: int = eqx.field(static=True)
+    active_heads: int | Array | None = None
+    u_init: float | Array = 1.0
+    w_init: float | Array = 0.0
+
+    def __check_init__(self):
+        positive_int("heads", self.heads)
+        check_shapes(("X", self.X, "samples tokens dim"), ("y", self.y, "samples"))
+
+    @property
+    def samples(self) -> int:
+        return self.X.shape[0]
+
+    def head_mask(self) -> Float[Array, " heads"]:
+        active = self.heads if self.active_heads is None else self.active_heads
+        return (jnp.arange(self.heads) < active).astype(self.X.dtype)
+
+    def init(self, key: PRNGKeyArray) -> ClassifierParams:
+        _, T, d = self.X.shape
+        k_w, k_u, k_p = jax.random.split(key, 3)
+        dtype = self.X.dtype
+        u_shape = (
+            (self.heads, self.spec.queries(T), d)
+            if self.spec.readout == "matrix"
+            else (self.heads, d)
+        )
+        W = (self.w_init / d) * jax.random.normal(k_w, (self.heads, d, d), dtype)
+        U = (self.u_init / math.sqrt(d)) * jax.random.normal(k_u, u_shape, dtype)
+        prompt = None
+        if self.spec.query == "prompt":
+            prompt = jax.random.normal(k_p, (d,), dtype) / math.sqrt(d)
+        return ClassifierParams(W=W, U=U, prompt=prompt)
+
+    def scores(
+        self, params: ClassifierParams, X: Float[Array, "n tokens dim"]
+    ) -> Float[Array, " n"]:
+        mask = self.head_mask()
+        score = lambda x: classifier_score(x, params.W, params.U, self.spec, params.prompt, mask)  # noqa: E731
+        return jax.vmap(score)(X)
+
+    def loss(
+        self, params: ClassifierParams, idx: Int[Array, " batch"] | None = None
+    ) -> Float[Array, ""]:
+        return logistic_loss(self.scores(params, _take(self.X, idx)), _take(self.y, idx))

@@ -1,0 +1,166 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import mhalearn as mh
+from mhalearn.learners import gd
+
+KEY = jax.random.key(2)
+# The documented easy, well-conditioned case (found by experiment, float64): random teachers
+# at (dim, tokens, heads, beta) = (4, 3, 2, 2) from 200 Boolean samples; Adam with lr 1e-2
+# for 2000 steps recovers 8 of 8 seeds to parameter error < 1e-4.
+EASY = mh.RegressionTask(
+    teacher=mh.TeacherSpec(heads=2, dim=4, tokens=3, beta=2.0), samples=200, test_samples=128
+)
+
+
+def regression_problem(key=KEY, task=EASY):
+    return task.sample(key)
+
+
+def test_adam_recovers_easy_teachers_float64():
+    res = mh.simulate(
+        jax.random.key(0), EASY, mh.GDConfig(optimizer="adam", steps=2000, lr=1e-2), 8
+    )
+    err = np.maximum(res.metrics["theta_error_max"], res.metrics["w_error_max"])
+    assert np.sum(err < 1e-3) >= 7, err
+    assert np.mean(res.metrics["success"]) >= 7 / 8
+    ok = err < 1e-3
+    assert np.all(res.metrics["prediction_error"][ok] < 1e-8)
+    assert np.all(res.metrics["prediction_error_other"][ok] < 1e-8)  # Boolean → Gaussian transfer
+    assert np.all(res.trace["loss"][ok, -1] < 1e-10 * res.trace["loss"][ok, 0])
+
+
+@pytest.mark.parametrize("optimizer,lr", [("gd", 0.5), ("momentum", 0.1), ("normalized_gd", 0.01)])
+def test_other_optimisers_drive_the_loss_down(optimizer, lr):
+    res = mh.simulate(
+        jax.random.key(1), EASY, mh.GDConfig(optimizer=optimizer, steps=300, lr=lr), 4
+    )
+    loss = res.trace["loss"]
+    assert not res.status["diverged"].any()
+    assert np.all(loss[:, -1] < 0.2 * loss[:, 0]), loss[:, [0, -1]]
+
+
+def test_fit_equals_an_explicit_optax_loop():
+    _, problem = regression_problem()
+    config = mh.GDConfig(optimizer="adam", steps=7, lr=3e-2, log_every=1)
+    out = gd.fit(KEY, problem, config)
+    params = problem.init(jax.random.split(KEY)[0])
+    opt = optax.adam(3e-2)
+    state = opt.init(params)
+    losses = [problem.loss(params)]
+    for _ in range(7):
+        grads = jax.grad(problem.loss)(params)
+        updates, state = opt.update(grads, state, params)
+        params = optax.apply_updates(params, updates)
+        losses.append(problem.loss(params))
+    np.testing.assert_allclose(out.params.theta, params.theta, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(out.params.W, params.W, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(out.trace.loss, losses, rtol=1e-12)
+    np.testing.assert_array_equal(out.trace.steps, np.arange(8))
+    assert int(out.status.steps_taken) == 7
+
+
+def test_trace_size_depends_on_snapshots_not_steps():
+    for steps in (10, 1000, 100_000):
+        s = mh.GDConfig(steps=steps, snapshots=12).snapshot_steps()
+        assert s[0] == 0 and s[-1] == steps and len(s) <= 12 and np.all(np.diff(s) > 0)
+    big = mh.GDConfig(steps=100_000, snapshots=12).snapshot_steps()
+    assert np.allclose(np.diff(np.log(big[1:])), np.log(100_000) / 10, rtol=0.1)  # log-spaced
+    np.testing.assert_array_equal(
+        mh.GDConfig(steps=10, log_every=4).snapshot_steps(), [0, 4, 8, 10]
+    )
+
+
+def test_monitor_is_traced_at_snapshots():
+    _, problem = regression_problem()
+    config = mh.GDConfig(steps=50, snapshots=5)
+    out = gd.fit(KEY, problem, config, monitor=lambda p: {"w_norm": jnp.sum(p.W**2)})
+    assert out.trace.metrics["w_norm"].shape == out.trace.steps.shape
+    np.testing.assert_allclose(
+        out.trace.metrics["w_norm"][-1], jnp.sum(out.params.W**2), rtol=1e-12
+    )
+
+
+def test_divergence_is_flagged_and_neighbours_unchanged():
+    lrs = np.array([1e-2, 1e6, 3e-2])  # gd with lr 1e6 blows up
+    learner = mh.GDConfig(optimizer="gd", steps=60, snapshots=8, lr=lrs)
+    res = mh.simulate(jax.random.key(3), EASY, learner, 3, keep_params=True)
+    assert list(res.status["diverged"]) == [False, True, False]
+    assert 0 <= res.status["diverged_at"][1] < 60 and res.status["diverged_at"][0] == -1
+    assert res.status["steps_taken"][1] == res.status["diverged_at"][1]
+    after = res.trace_steps > res.status["diverged_at"][1]
+    assert np.all(np.isnan(res.trace["loss"][1, after])) and np.all(
+        np.isfinite(res.trace["loss"][[0, 2]])
+    )
+    # the same instances without the divergent one: identical, bit for bit
+    alone = mh.simulate(
+        jax.random.key(3),
+        EASY,
+        mh.GDConfig(optimizer="gd", steps=60, snapshots=8, lr=lrs[[0, 2]]),
+        2,
+        key_ids=[0, 2],
+    )
+    for name in res.metrics:
+        np.testing.assert_array_equal(res.metrics[name][[0, 2]], alone.metrics[name], err_msg=name)
+    # the diverged instance keeps its last finite parameters
+    assert np.all(np.isfinite(res.params.theta[1])) and np.all(np.isfinite(res.params.W[1]))
+
+
+def test_early_stop_at_tolerance():
+    learner = mh.GDConfig(optimizer="adam", steps=3000, lr=1e-2, tol=1e-6)
+    res = mh.simulate(jax.random.key(0), EASY, learner, 3)
+    stopped = res.status["converged"]
+    assert stopped.all()
+    assert np.all(res.status["steps_taken"] < 3000)
+    assert np.all(res.trace["loss"][:, -1] <= 1e-6)
+
+
+def test_minibatch_fit():
+    _, problem = regression_problem()
+    config = mh.GDConfig(optimizer="adam", steps=300, batch_size=32, lr=1e-2)
+    a = gd.fit(KEY, problem, config)
+    b = gd.fit(KEY, problem, config)
+    np.testing.assert_array_equal(a.params.theta, b.params.theta)  # same key, same batches
+    assert a.trace.loss[-1] < 0.5 * a.trace.loss[0]
+    with pytest.raises(ValueError, match="batch_size must be <= samples"):
+        gd.fit(KEY, problem, mh.GDConfig(batch_size=500))
+
+
+def test_custom_optax_factory():
+    _, problem = regression_problem()
+    out = gd.fit(KEY, problem, mh.GDConfig(optimizer=optax.rmsprop, steps=100, lr=1e-2))
+    assert out.trace.loss[-1] < out.trace.loss[0]
+
+
+def test_classifier_training_learns_the_mixture():
+    mixture = mh.MixtureSpec(tokens=6, dim=8, relevant_fraction=0.5, noise=0.3, signal_norm=1.0)
+    task = mh.ClassificationTask(mixture=mixture, heads=4, samples=128, test_samples=256)
+    res = mh.simulate(jax.random.key(0), task, mh.GDConfig(optimizer="gd", steps=200, lr=1.0), 4)
+    assert np.all(res.trace["loss"][:, -1] < 0.5 * res.trace["loss"][:, 0])
+    assert np.all(res.metrics["test_error"] < 0.05)
+    assert np.all(res.metrics["active_heads"] == 4)
+
+
+def test_student_with_more_heads_than_teacher():
+    task = mh.RegressionTask(teacher=EASY.teacher, samples=200, student_heads=3, test_samples=64)
+    res = mh.simulate(jax.random.key(0), task, mh.GDConfig(steps=400, lr=1e-2), 2, keep_params=True)
+    assert res.params.theta.shape == (2, 3, 4, 4)
+    assert np.all(res.trace["loss"][:, -1] < 0.1 * res.trace["loss"][:, 0])
+
+
+@pytest.mark.parametrize(
+    "kwargs,fragment",
+    [
+        (dict(optimizer="sgd"), "optimizer must be one of"),
+        (dict(steps=0), "steps must be an integer >= 1"),
+        (dict(lr=-1.0), "lr must lie in"),
+        (dict(batch_size=0), "batch_size must be an integer >= 1"),
+        (dict(momentum=1.5), "momentum must lie in"),
+    ],
+)
+def test_config_validation(kwargs, fragment):
+    with pytest.raises(ValueError, match=fragment):
+        mh.GDConfig(**kwargs)
