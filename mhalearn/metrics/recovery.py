@@ -1,0 +1,133 @@
+"""How well a student recovered its teacher: head matching, parameter, span and prediction errors.
+
+Everything is for one instance and works under ``jit`` and ``vmap``. The student may have
+more heads than the teacher: then each teacher head is matched to one student head and the
+parameter errors are over the matched pairs.
+"""
+
+from __future__ import annotations
+
+import equinox as eqx
+import jax.numpy as jnp
+import optax
+from jaxtyping import Array, Bool, Float, Int
+
+from mhalearn.losses import logistic_loss, zero_one_error
+from mhalearn.params import LayerParams
+from mhalearn.problems import predict_layer
+
+
+def _sq_norm(a: Array, axes=(-2, -1)) -> Array:
+    return jnp.sum(a**2, axis=axes)
+
+
+def _tiny(a: Array) -> Array:
+    return jnp.finfo(a.dtype).tiny
+
+
+def relative_errors(
+    estimate: Float[Array, "heads dim dim"], truth: Float[Array, "heads dim dim"]
+) -> Float[Array, " heads"]:
+    """‖estimate_i − truth_i‖_F / ‖truth_i‖_F for each head."""
+    err = _sq_norm(estimate - truth) / jnp.maximum(_sq_norm(truth), _tiny(truth))
+    return jnp.sqrt(err)
+
+
+def matching_cost(
+    student: LayerParams, teacher: LayerParams
+) -> Float[Array, "student_heads teacher_heads"]:
+    """Cost of pairing student head i with teacher head j: the sum of the squared relative
+    Frobenius errors of Θ and W."""
+    cost = jnp.zeros((student.theta.shape[0], teacher.theta.shape[0]), student.theta.dtype)
+    for est, true in ((student.theta, teacher.theta), (student.W, teacher.W)):
+        diff = _sq_norm(est[:, None] - true[None, :])
+        cost = cost + diff / jnp.maximum(_sq_norm(true), _tiny(true))[None, :]
+    return cost
+
+
+def match_heads(
+    student: LayerParams, teacher: LayerParams
+) -> tuple[Int[Array, " teacher_heads"], Int[Array, " teacher_heads"]]:
+    """Hungarian matching (optax) of student heads to teacher heads.
+
+    Returns ``(student_idx, teacher_idx)``, pairs sorted by teacher head; needs
+    student heads >= teacher heads.
+    """
+    if student.theta.shape[0] < teacher.theta.shape[0]:
+        raise ValueError(
+            f"student heads must be >= teacher heads to match, received "
+            f"{student.theta.shape[0]} < {teacher.theta.shape[0]}"
+        )
+    rows, cols = optax.assignment.hungarian_algorithm(matching_cost(student, teacher))
+    order = jnp.argsort(cols)
+    return rows[order], cols[order]
+
+
+def largest_principal_angle(
+    basis_of: Float[Array, "k n"], within: Float[Array, "l n"]
+) -> Float[Array, ""]:
+    """Largest principal angle (radians) between span(rows of ``basis_of``) and its projection
+    on span(rows of ``within``): 0 when the first span lies inside the second, π/2 when some
+    direction of it is orthogonal to the second (always so when l < k).
+
+    Computed from sines (‖(I − P)Q‖₂) rather than cosines, so small angles are accurate.
+    """
+    q_a, _ = jnp.linalg.qr(basis_of.T)
+    q_b, _ = jnp.linalg.qr(within.T)
+    residual = q_a - q_b @ (q_b.T @ q_a)
+    sine = jnp.linalg.norm(residual, ord=2)
+    return jnp.arcsin(jnp.clip(sine, 0.0, 1.0))
+
+
+class ParameterErrors(eqx.Module):
+    theta_error_max: Float[Array, ""]
+    theta_error_mean: Float[Array, ""]
+    w_error_max: Float[Array, ""]
+    w_error_mean: Float[Array, ""]
+    sum_w_error: Float[Array, ""]  # ‖ΣŴ − ΣW‖_F / ‖ΣW‖_F over all heads
+    span_angle: Float[Array, ""]  # largest principal angle, span{Θ_i} vs span{Θ̂_i}
+
+
+def parameter_errors(student: LayerParams, teacher: LayerParams) -> ParameterErrors:
+    s_idx, t_idx = match_heads(student, teacher)
+    theta_err = relative_errors(student.theta[s_idx], teacher.theta[t_idx])
+    w_err = relative_errors(student.W[s_idx], teacher.W[t_idx])
+    sum_true = jnp.sum(teacher.W, axis=0)
+    sum_err = jnp.sqrt(
+        _sq_norm(jnp.sum(student.W, axis=0) - sum_true)
+        / jnp.maximum(_sq_norm(sum_true), _tiny(sum_true))
+    )
+    flat = lambda a: a.reshape(a.shape[0], -1)  # noqa: E731
+    return ParameterErrors(
+        theta_error_max=jnp.max(theta_err),
+        theta_error_mean=jnp.mean(theta_err),
+        w_error_max=jnp.max(w_err),
+        w_error_mean=jnp.mean(w_err),
+        sum_w_error=sum_err,
+        span_angle=largest_principal_angle(flat(teacher.theta), flat(student.theta)),
+    )
+
+
+def prediction_error(
+    student: LayerParams, teacher: LayerParams, X: Float[Array, "n tokens dim"]
+) -> Float[Array, ""]:
+    """Normalised prediction error Σ_n ‖F̂(X_n) − F(X_n)‖²_F / Σ_n ‖F(X_n)‖²_F."""
+    truth = predict_layer(teacher, X)
+    err = jnp.sum((predict_layer(student, X) - truth) ** 2)
+    return err / jnp.maximum(jnp.sum(truth**2), _tiny(truth))
+
+
+def success(errors: ParameterErrors, tol: float | Array) -> Bool[Array, ""]:
+    """Recovered: every matched Θ_i and W_i within relative error ``tol``."""
+    return jnp.maximum(errors.theta_error_max, errors.w_error_max) <= tol
+
+
+class ClassificationErrors(eqx.Module):
+    loss: Float[Array, ""]
+    error: Float[Array, ""]  # 0-1 error
+
+
+def classification_errors(
+    scores: Float[Array, " n"], y: Float[Array, " n"]
+) -> ClassificationErrors:
+    return ClassificationErrors(loss=logistic_loss(scores, y), error=zero_one_error(scores, y))
