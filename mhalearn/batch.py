@@ -1,0 +1,200 @@
+"""THE place that maps a per-instance function over many instances.
+
+:func:`map_instances` runs ``fn(key_i, per_instance_i, shared)`` for i = 0 .. instances−1:
+
+- **Keys.** ``key_i = fold_in(root_key, key_ids[i])`` with ``key_ids`` the global instance
+  indices by default, so a result never depends on chunking, device count or evaluation
+  order. Give ``key_ids`` to make instances share their randomness (the same teacher, data
+  and start under different swept hyperparameters).
+- **Chunks.** Instances are computed ``chunk_size`` at a time, one compiled call per chunk
+  (the last chunk is padded, so there is one compilation). Everything an instance needs is
+  generated inside ``fn`` from its key, so peak memory is set by the chunk, not by the number
+  of instances; results are gathered on the host chunk by chunk.
+- **Devices and hosts.** Each chunk's instance axis is sharded over a 1-D mesh of the chosen
+  devices with ``jax.shard_map``; after ``jax.distributed.initialize`` the mesh spans every
+  process's devices and each process receives the full results.
+- **Vector width.** The compiled unit is a group of ``vector_width`` instances, vmapped, on
+  one device; a chunk's groups are dispatched asynchronously. The width is fixed, not derived
+  from the chunk or the device count, so every instance is computed by the same program and
+  results are bitwise identical for every chunk size and device count.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jaxtyping import PRNGKeyArray, PyTree
+
+from mhalearn._validate import positive_int
+
+AXIS = "instances"
+
+
+def select_devices(devices: int | Sequence[jax.Device] | None = None) -> list[jax.Device]:
+    """``None``: every device (of every process); an int n: the first n; or the devices given."""
+    every = jax.devices()
+    if devices is None:
+        return every
+    if isinstance(devices, int):
+        if not 1 <= devices <= len(every):
+            raise ValueError(f"devices must lie in [1, {len(every)}] here, received {devices}")
+        return every[:devices]
+    return list(devices)
+
+
+def default_vector_width(devices: Sequence[jax.Device]) -> int:
+    """1 on CPU (per-instance work is large enough for the cores, and caches stay warm);
+    32 on accelerators, which need many instances in flight."""
+    return 1 if devices[0].platform == "cpu" else 32
+
+
+def _host(x: jax.Array) -> np.ndarray:
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(x)
+
+
+def _split_key(root_key: PRNGKeyArray) -> tuple[np.ndarray, Callable[[jax.Array], PRNGKeyArray]]:
+    """Key data that can travel as an array, and the function that rebuilds the key."""
+    if jnp.issubdtype(root_key.dtype, jax.dtypes.prng_key):
+        impl = jax.random.key_impl(root_key)
+        return np.asarray(jax.random.key_data(root_key)), lambda d: jax.random.wrap_key_data(
+            d, impl=impl
+        )
+    return np.asarray(root_key), lambda d: d
+
+
+def map_instances(
+    fn: Callable[[PRNGKeyArray, PyTree, PyTree], PyTree],
+    root_key: PRNGKeyArray,
+    instances: int,
+    per_instance: PyTree = None,
+    shared: PyTree = None,
+    *,
+    key_ids: np.ndarray | None = None,
+    chunk_size: int | None = None,
+    devices: int | Sequence[jax.Device] | None = None,
+    vector_width: int | None = None,
+    progress: bool = False,
+    stats: dict | None = None,
+) -> PyTree:
+    """Run ``fn(key_i, per_instance_i, shared)`` for every instance; return host (numpy)
+    arrays with a leading ``instances`` axis.
+
+    ``per_instance``: a PyTree whose array leaves all have a leading axis of length
+    ``instances`` (instance i sees slice i). ``shared``: a PyTree given whole to every
+    instance; its array-like leaves are traced arguments (new values do not recompile), other
+    leaves are static.
+
+    ``stats``, when a dict is given, receives ``compile_seconds`` (ahead-of-time compilation,
+    all devices) and ``run_seconds`` (everything after it, results on the host included).
+    """
+    instances = positive_int("instances", instances)
+    devs = select_devices(devices)
+    width = positive_int("vector_width", vector_width or default_vector_width(devs))
+    unit = len(devs) * width
+    chunk = (
+        instances if chunk_size is None else min(positive_int("chunk_size", chunk_size), instances)
+    )
+    chunk = math.ceil(chunk / unit) * unit
+
+    key_ids = np.arange(instances) if key_ids is None else np.asarray(key_ids)
+    if key_ids.shape != (instances,) or not np.issubdtype(key_ids.dtype, np.integer):
+        raise ValueError(
+            f"key_ids: expected integers of shape (instances,) = ({instances},), "
+            f"received {key_ids.dtype} of shape {key_ids.shape}"
+        )
+    per_instance = jax.tree.map(np.asarray, per_instance)
+    for path, leaf in jax.tree_util.tree_leaves_with_path(per_instance):
+        if leaf.shape[:1] != (instances,):
+            raise ValueError(
+                f"per_instance{jax.tree_util.keystr(path)}: expected a leading axis of length "
+                f"instances = {instances}, received shape {leaf.shape}"
+            )
+    shared_dynamic, shared_static = eqx.partition(shared, eqx.is_array_like)
+    shared_dynamic = jax.tree.map(jnp.asarray, shared_dynamic)
+    key_data, rebuild_key = _split_key(root_key)
+
+    mesh = Mesh(np.array(devs), (AXIS,))
+    split = NamedSharding(mesh, PartitionSpec(AXIS))
+    block = chunk // len(devs)
+    mine = [d for d in devs if d.process_index == jax.process_index()]
+
+    def instance_group(ids, per, shared_dyn, key_data):
+        root = rebuild_key(key_data)
+        everything = eqx.combine(shared_dyn, shared_static)
+
+        def one(i, p):
+            return fn(jax.random.fold_in(root, i), p, everything)
+
+        return jax.vmap(one)(ids, per)
+
+    # The compiled unit is one group of `width` instances on one device: the same
+    # single-device program everywhere. (An SPMD-partitioned program is compiled differently
+    # from a single-device one, which changes the last bits with the number of devices; and
+    # a scan over vmapped groups has deadlocked XLA:CPU 0.10 here, so groups are dispatched
+    # from the host, asynchronously.)
+    on_device = {d: jax.device_put((shared_dynamic, key_data), d) for d in mine}
+
+    def group_args(rows: np.ndarray, device: jax.Device):
+        per = jax.tree.map(lambda a: a[rows], per_instance)
+        return (*jax.device_put((key_ids[rows], per), device), *on_device[device])
+
+    tic = time.perf_counter()
+    first = np.zeros(width, dtype=np.int64)
+    run_group = {d: jax.jit(instance_group).lower(*group_args(first, d)).compile() for d in mine}
+    toc = time.perf_counter()
+
+    starts = range(0, instances, chunk)
+    bar = _progress_bar(len(starts), progress)
+    pieces = []
+    for start in starts:
+        rows = np.minimum(np.arange(start, start + chunk), instances - 1)  # pad with the last
+        outs = []
+        for d in mine:
+            k = devs.index(d)
+            groups = []
+            for g in range(k * block, (k + 1) * block, width):
+                groups.append(run_group[d](*group_args(rows[g : g + width], d)))  # async
+            outs.append(groups[0] if len(groups) == 1 else _concatenate(groups))
+        out = jax.tree.map(
+            lambda *shards: jax.make_array_from_single_device_arrays(
+                (chunk, *shards[0].shape[1:]), split, list(shards)
+            ),
+            *outs,
+        )
+        valid = min(chunk, instances - start)
+        pieces.append(jax.tree.map(lambda a, valid=valid: _host(a)[:valid], out))
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    result = jax.tree.map(lambda *parts: np.concatenate(parts), *pieces)
+    if stats is not None:
+        stats.update(compile_seconds=toc - tic, run_seconds=time.perf_counter() - toc)
+    return result
+
+
+@jax.jit
+def _concatenate(groups: list[PyTree]) -> PyTree:
+    return jax.tree.map(lambda *parts: jnp.concatenate(parts), *groups)
+
+
+def _progress_bar(total: int, enabled: bool) -> Any:
+    if not enabled or total < 2:
+        return None
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, unit="chunk", desc="instances")

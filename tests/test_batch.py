@@ -1,0 +1,164 @@
+"""The engine: keys by global index, chunking, devices and hosts, one compilation."""
+
+import logging
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import mhalearn as mh
+from tests.engine.worker import flatten, small_simulation
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_keys_are_fold_in_of_global_index():
+    out = mh.map_instances(
+        lambda k, p, s: jax.random.key_data(k), jax.random.key(4), 7, chunk_size=3
+    )
+    for i in range(7):
+        np.testing.assert_array_equal(
+            out[i], jax.random.key_data(jax.random.fold_in(jax.random.key(4), i))
+        )
+    ids = np.array([5, 5, 2])
+    out = mh.map_instances(
+        lambda k, p, s: jax.random.key_data(k), jax.random.key(4), 3, key_ids=ids
+    )
+    np.testing.assert_array_equal(out[0], out[1])
+    np.testing.assert_array_equal(
+        out[2], jax.random.key_data(jax.random.fold_in(jax.random.key(4), 2))
+    )
+
+
+def test_per_instance_and_shared_arguments():
+    def fn(key, per, shared):
+        return {
+            "sum": per["a"] + shared["b"] * per["c"].sum(),
+            "shape": jnp.asarray(per["c"].shape[0]),
+        }
+
+    per = {"a": np.arange(5.0), "c": np.ones((5, 3))}
+    out = mh.map_instances(fn, jax.random.key(0), 5, per, {"b": 2.0}, chunk_size=2)
+    np.testing.assert_array_equal(out["sum"], np.arange(5.0) + 6.0)
+    np.testing.assert_array_equal(out["shape"], 3)
+
+
+@pytest.mark.parametrize("width", [1, 4])
+def test_results_identical_for_every_chunk_size(width):
+    runs = [flatten(small_simulation(chunk_size=c, vector_width=width)) for c in (1, 3, None)]
+    for other in runs[1:]:
+        for name, value in runs[0].items():
+            np.testing.assert_array_equal(other[name], value, err_msg=name)
+
+
+def run_worker(out, *args, env_extra=None):
+    env = {**os.environ, **(env_extra or {})}
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.engine.worker", str(out), *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def finish(proc):
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out
+
+
+def test_one_versus_four_cpu_devices(tmp_path):
+    four = run_worker(
+        tmp_path / "four.npz",
+        "--devices",
+        "1",
+        "4",
+        env_extra={"XLA_FLAGS": "--xla_force_host_platform_device_count=4"},
+    )
+    finish(four)
+    saved = np.load(tmp_path / "four.npz")
+    assert int(saved["device_count"]) == 4
+    here = flatten(small_simulation())  # this process: one CPU device
+    for name, value in here.items():
+        np.testing.assert_array_equal(saved[f"1/{name}"], saved[f"4/{name}"], err_msg=name)
+        np.testing.assert_array_equal(saved[f"4/{name}"], value, err_msg=name)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_process_distributed_run_equals_one_process(tmp_path):
+    port = str(free_port())
+    procs = [
+        run_worker(tmp_path / f"p{i}.npz", "--process", str(i), "--processes", "2", "--port", port)
+        for i in range(2)
+    ]
+    for p in procs:
+        finish(p)
+    saved = np.load(tmp_path / "p0.npz")
+    assert int(saved["device_count"]) == 2  # one CPU device in each process
+    for name, value in flatten(small_simulation()).items():
+        np.testing.assert_array_equal(saved[f"0/{name}"], value, err_msg=name)
+
+
+class CompileLog(logging.Handler):
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def emit(self, record):
+        message = record.getMessage()
+        if message.startswith("Compiling jit("):
+            self.names.append(message.split("(")[1].split(")")[0])
+
+
+def test_sweep_of_learning_rates_and_seeds_compiles_once():
+    task = mh.RegressionTask(
+        teacher=mh.TeacherSpec(heads=2, dim=4, tokens=3), samples=32, test_samples=8
+    )
+    lrs = np.repeat(np.geomspace(1e-3, 1e-1, 8), 4)  # 8 learning rates × 4 seeds
+    seeds = np.tile(np.arange(4), 8)
+    handler = CompileLog()
+    logger = logging.getLogger("jax")
+    logger.addHandler(handler)
+    try:
+        with jax.log_compiles():
+            res = mh.simulate(
+                jax.random.key(0),
+                task,
+                mh.GDConfig(steps=20, lr=lrs),
+                32,
+                key_ids=seeds,
+                chunk_size=8,
+            )
+    finally:
+        logger.removeHandler(handler)
+    assert handler.names.count("instance_group") == 1, handler.names
+    np.testing.assert_array_equal(res.sweep["learner.lr"], lrs)
+    # the same seed under different learning rates saw the same teacher and data
+    first = res.trace["loss"][:, 0]
+    np.testing.assert_array_equal(first[seeds == 1], first[1])
+
+
+def test_engine_bad_input():
+    fn = lambda k, p, s: p  # noqa: E731
+    with pytest.raises(
+        ValueError, match=r"expected a leading axis of length instances = 4, received shape \(3,\)"
+    ):
+        mh.map_instances(fn, jax.random.key(0), 4, {"lr": np.ones(3)})
+    with pytest.raises(ValueError, match="instances must be an integer >= 1"):
+        mh.map_instances(fn, jax.random.key(0), 0)
+    with pytest.raises(ValueError, match="devices must lie in"):
+        mh.map_instances(fn, jax.random.key(0), 2, devices=5)
+    with pytest.raises(ValueError, match="key_ids: expected integers of shape"):
+        mh.map_instances(fn, jax.random.key(0), 2, key_ids=[0.5, 1.5])
