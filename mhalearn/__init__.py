@@ -5,6 +5,7 @@ one instance and batched with ``jax.vmap``. Library code never enables float64: 
 ``jax.config.update("jax_enable_x64", True)`` in your own entry point to opt in.
 """
 
+from mhalearn.batch import map_instances
 from mhalearn.data import (
     Mixture,
     MixtureSpec,
@@ -22,7 +23,17 @@ from mhalearn.kernels import (
     head_scale,
     mha,
 )
+from mhalearn.learners.gd import Fit, GDConfig
+from mhalearn.metrics.recovery import (
+    ParameterErrors,
+    match_heads,
+    parameter_errors,
+    prediction_error,
+)
 from mhalearn.params import ClassifierParams, LayerParams
+from mhalearn.problems import ClassificationProblem, RegressionProblem
+from mhalearn.simulate import Results, simulate
+from mhalearn.tasks import ClassificationTask, RegressionTask
 from mhalearn.teachers import (
     FAMILIES,
     ParameterDiagnostics,
@@ -42,12 +53,20 @@ __version__ = "0.1.0"
 
 __all__ = [
     "FAMILIES",
+    "ClassificationProblem",
+    "ClassificationTask",
     "ClassifierParams",
     "ClassifierSpec",
+    "Fit",
+    "GDConfig",
     "LayerParams",
     "Mixture",
     "MixtureSpec",
     "ParameterDiagnostics",
+    "ParameterErrors",
+    "RegressionProblem",
+    "RegressionTask",
+    "Results",
     "TeacherDiagnostics",
     "TeacherInfo",
     "TeacherSpec",
@@ -61,12 +80,17 @@ __all__ = [
     "gaussian_tokens",
     "head_features",
     "head_scale",
+    "map_instances",
+    "match_heads",
     "mha",
     "parameter_diagnostics",
+    "parameter_errors",
     "passes_checks",
+    "prediction_error",
     "sample_teacher",
     "sample_teacher_with_info",
     "sample_tokens",
+    "simulate",
     "teacher_diagnostics",
     "tokenized_mixture",
 ]

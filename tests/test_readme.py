@@ -9,11 +9,13 @@ README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
 def test_readme_python_example_runs():
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
     assert blocks, "the README has no python example"
-    for block in blocks:
-        namespace: dict = {}
+    namespace: dict = {}
+    for block in blocks:  # the blocks build on one another, as in a session
         exec(compile(block, str(README), "exec"), namespace)
     assert namespace["Y"].shape == (1000, 4, 8)
     assert namespace["score"].shape == ()
+    assert namespace["res"].trace["loss"].shape[0] == 12
+    assert dict(namespace["ds"].sizes)["instance"] == 12
 
 
 def test_readme_has_the_two_commands():

@@ -1,0 +1,68 @@
+"""Shared pieces of the benchmark scripts: the workload's FLOP count, machine facts, CSV rows."""
+
+from __future__ import annotations
+
+import csv
+import datetime
+import os
+import platform
+import resource
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def layer_flops_per_step(heads: int, dim: int, tokens: int, samples: int) -> float:
+    """FLOPs of one full-batch loss-and-gradient step of the Chen–Li layer on one instance.
+
+    Forward, per sample and head: X·Θ (2Td²), (XΘ)·Xᵀ (2T²d), A·X (2T²d), (AX)·W (2Td²).
+    The backward pass costs about twice the forward, so a step counts 3× the forward.
+    """
+    forward = heads * samples * (4 * tokens * dim**2 + 4 * tokens**2 * dim)
+    return 3.0 * forward
+
+
+def machine() -> dict[str, str]:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": str(os.cpu_count()), "python": platform.python_version()}
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process so far (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def append_rows(name: str, rows: list[dict]) -> Path:
+    """Append rows (with a timestamp) to ``benchmarks/results/NAME.csv``, header if new."""
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"{name}.csv"
+    stamp = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    rows = [{"timestamp": stamp, **row} for row in rows]
+    fields = list(rows[0])
+    new = not path.exists()
+    with path.open("a", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields)
+        if new:
+            writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+def table(rows: list[dict], columns: list[str]) -> str:
+    widths = {c: max(len(c), *(len(_fmt(r[c])) for r in rows)) for c in columns}
+    lines = ["  ".join(c.rjust(widths[c]) for c in columns)]
+    lines += ["  ".join(_fmt(r[c]).rjust(widths[c]) for c in columns) for r in rows]
+    return "\n".join(lines)
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}" if abs(v) < 1e4 else f"{v:.0f}"
+    return str(v)

@@ -1,0 +1,163 @@
+"""Throughput and memory of the engine on the Chen–Li regression workload (full-batch GD).
+
+    python benchmarks/throughput.py            # the standard shape, then the instance sweep
+    python benchmarks/throughput.py --small    # a quick look (fewer steps and instances)
+
+Standard shape: heads 4, dim 16, tokens 8, samples 512, 256 instances. Each configuration runs
+in a fresh subprocess so that its peak memory (max RSS) is its own; compilation is timed apart
+from the steady-state run. The sweep over instances (64 .. 4096, chunk 256) shows time growing
+linearly and peak memory staying flat. Rows go to benchmarks/results/throughput.csv.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import append_rows, layer_flops_per_step, machine, peak_rss_mb, table
+
+SHAPE = dict(heads=4, dim=16, tokens=8, samples=512)
+
+
+def one(args) -> dict:
+    """Run one configuration in this process and report it."""
+    import jax
+
+    import mhalearn as mh
+
+    task = mh.RegressionTask(
+        teacher=mh.TeacherSpec(heads=args.heads, dim=args.dim, tokens=args.tokens),
+        samples=args.samples,
+        test_samples=16,
+    )
+    learner = mh.GDConfig(optimizer="gd", steps=args.steps, lr=0.05, snapshots=2)
+    res = mh.simulate(jax.random.key(0), task, learner, args.instances, chunk_size=args.chunk_size)
+    run = res.attrs["run_seconds"]
+    rate = args.instances * args.steps / run
+    flops = layer_flops_per_step(args.heads, args.dim, args.tokens, args.samples)
+    return {
+        **{
+            k: getattr(args, k) for k in ("heads", "dim", "tokens", "samples", "instances", "steps")
+        },
+        "chunk_size": args.chunk_size or args.instances,
+        "compile_s": res.attrs["compile_seconds"],
+        "run_s": run,
+        "inst_steps_per_s": rate,
+        "gflops": rate * flops / 1e9,
+        "peak_rss_mb": peak_rss_mb(),
+        "device_kind": res.attrs["device_kind"],
+        "jax": res.attrs["jax_version"],
+        "diverged": int(res.status["diverged"].sum()),
+    }
+
+
+def spawn(**config) -> dict:
+    cmd = [sys.executable, __file__, "--one"]
+    for k, v in config.items():
+        if v is not None:
+            cmd += [f"--{k.replace('_', '-')}", str(v)]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--small", action="store_true", help="fewer steps and instances")
+    p.add_argument("--heads", type=int, default=SHAPE["heads"])
+    p.add_argument("--dim", type=int, default=SHAPE["dim"])
+    p.add_argument("--tokens", type=int, default=SHAPE["tokens"])
+    p.add_argument("--samples", type=int, default=SHAPE["samples"])
+    p.add_argument("--instances", type=int, default=256)
+    p.add_argument(
+        "--steps", type=int, default=None, help="GD steps (default 100; 20 with --small)"
+    )
+    p.add_argument("--chunk-size", type=int, default=256)
+    p.add_argument(
+        "--sweep",
+        type=int,
+        nargs="*",
+        default=None,
+        help="instance counts for the memory sweep (default 64 256 1024 4096)",
+    )
+    p.add_argument(
+        "--sweep-steps", type=int, default=None, help="GD steps in the sweep (default 10)"
+    )
+    args = p.parse_args()
+    if args.one:
+        print(json.dumps(one(args)))
+        return
+
+    steps = args.steps or (20 if args.small else 100)
+    sweep = (
+        args.sweep
+        if args.sweep is not None
+        else ([64, 256] if args.small else [64, 256, 1024, 4096])
+    )
+    sweep_steps = args.sweep_steps or (5 if args.small else 10)
+    shape = {k: getattr(args, k) for k in SHAPE}
+    rows = [spawn(**shape, instances=args.instances, steps=steps, chunk_size=args.chunk_size)]
+    print("standard shape, full-batch GD:")
+    cols = [
+        "heads",
+        "dim",
+        "tokens",
+        "samples",
+        "instances",
+        "steps",
+        "compile_s",
+        "run_s",
+        "inst_steps_per_s",
+        "gflops",
+        "peak_rss_mb",
+    ]
+    print(table(rows, cols))
+    sweep_rows = [
+        spawn(**shape, instances=n, steps=sweep_steps, chunk_size=args.chunk_size) for n in sweep
+    ]
+    base = sweep_rows[0]
+    for r in sweep_rows:
+        r["time_per_instance_ms"] = 1e3 * r["run_s"] / r["instances"]
+        r["rss_vs_smallest"] = r["peak_rss_mb"] / base["peak_rss_mb"]
+    print(f"\nsweep over instances (chunk {args.chunk_size}, {sweep_steps} steps):")
+    print(
+        table(
+            sweep_rows,
+            [
+                "instances",
+                "run_s",
+                "time_per_instance_ms",
+                "inst_steps_per_s",
+                "peak_rss_mb",
+                "rss_vs_smallest",
+            ],
+        )
+    )
+    info = machine()
+    path = append_rows(
+        "throughput",
+        [{**info, "kind": "standard", **rows[0]}]
+        + [
+            {
+                **info,
+                "kind": "sweep",
+                **{
+                    k: v
+                    for k, v in r.items()
+                    if k not in ("time_per_instance_ms", "rss_vs_smallest")
+                },
+            }
+            for r in sweep_rows
+        ],
+    )
+    print(f"\n{info['cpu']}, {info['cores']} cores; rows appended to {path}")
+
+
+if __name__ == "__main__":
+    main()
