@@ -23,7 +23,8 @@ from mhalearn.kernels import (
     head_scale,
     mha,
 )
-from mhalearn.learners.gd import Fit, GDConfig
+from mhalearn.learners.base import Fit
+from mhalearn.learners.gd import GDConfig
 from mhalearn.metrics.recovery import (
     ParameterErrors,
     match_heads,

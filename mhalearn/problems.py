@@ -40,7 +40,8 @@ class RegressionProblem(eqx.Module):
 
     Loss: mean squared error over every entry of ``F̂(X_n) − Y_n``. Student start:
     Θ̂_i = (theta_init/dim)·G_i and Ŵ_i = w_init·H_i/√dim with G, H standard normal (the
-    teacher's law, so ‖Θ̂_i‖_F ≈ theta_init).
+    teacher's law, so ‖Θ̂_i‖_F ≈ theta_init). ``teacher`` carries the truth when the task knows
+    it; only the oracle baseline may read it.
     """
 
     X: Float[Array, "samples tokens dim"]
@@ -48,6 +49,7 @@ class RegressionProblem(eqx.Module):
     heads: int = eqx.field(static=True)
     theta_init: float | Array = 1.0
     w_init: float | Array = 1.0
+    teacher: LayerParams | None = None  # the truth, for oracle baselines only
 
     def __check_init__(self):
         positive_int("heads", self.heads)

@@ -106,7 +106,7 @@ def _one_instance(key, swept, fixed):
     truth, problem = task.sample(k_problem)
     fit = learner.fit(k_fit, problem, monitor=lambda p: task.monitor(truth, problem, p))
     metrics = task.evaluate(k_eval, truth, problem, fit.params)
-    return metrics, fit
+    return {**metrics, **{f"info_{k}": v for k, v in fit.info.items()}}, fit
 
 
 def simulate(

@@ -74,7 +74,7 @@ class RegressionTask(eqx.Module):
         Y = truth + self.label_noise * jax.random.normal(k_noise, truth.shape, truth.dtype)
         heads = self.student_heads or self.teacher.heads
         problem = RegressionProblem(
-            X=X, Y=Y, heads=heads, theta_init=self.theta_init, w_init=self.w_init
+            X=X, Y=Y, heads=heads, theta_init=self.theta_init, w_init=self.w_init, teacher=teacher
         )
         return teacher, problem
 

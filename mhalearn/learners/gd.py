@@ -25,9 +25,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree
+from jaxtyping import Array, Bool, Float, PRNGKeyArray, PyTree
 
 from mhalearn._validate import choice, in_range, positive_int
+from mhalearn.learners.base import Fit, Status, Trace
 
 OptimizerName = Literal["gd", "momentum", "adam", "normalized_gd"]
 OPTIMIZERS = ("gd", "momentum", "adam", "normalized_gd")
@@ -78,25 +79,6 @@ class GDConfig(eqx.Module):
         else:
             steps = np.geomspace(1, self.steps, max(self.snapshots - 1, 1)).round()
         return np.unique(np.concatenate([[0], steps, [self.steps]]).astype(np.int64))
-
-
-class Trace(eqx.Module):
-    steps: Int[Array, " snapshots"]
-    loss: Float[Array, " snapshots"]  # full training loss at each snapshot
-    metrics: dict[str, Float[Array, " snapshots"]]
-
-
-class Status(eqx.Module):
-    diverged: Bool[Array, ""]
-    diverged_at: Int[Array, ""]  # step whose update was not finite; -1 if none
-    converged: Bool[Array, ""]  # stopped early at loss <= tol
-    steps_taken: Int[Array, ""]  # updates applied
-
-
-class Fit(eqx.Module):
-    params: PyTree
-    trace: Trace
-    status: Status
 
 
 def make_optimizer(config: GDConfig) -> optax.GradientTransformation:

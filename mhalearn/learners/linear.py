@@ -1,0 +1,44 @@
+"""The layer is linear in W: the exact least-squares W for given Θ's (variable projection).
+
+For fixed Θ, F(X) = Σ_i Φ_i(X) W_i with Φ_i(X) = A_i(X) X, so stacking the per-head features of
+every (sample, token) row gives one least-squares problem ``Z·[W_1; …; W_m] ≈ Y`` for all
+heads at once. Shared by variable projection, alternating minimisation, the baselines and the
+last phase of the certify-and-sculpt pipeline.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float
+
+from mhalearn.kernels import head_features
+
+
+def design(
+    X: Float[Array, "samples tokens dim"], theta: Float[Array, "heads dim dim"]
+) -> Float[Array, "rows heads_dim"]:
+    """Rows (sample, token), columns (head, feature): Z[(n,t), (i,a)] = (A_i(X_n) X_n)[t, a]."""
+    phi = jax.vmap(head_features, in_axes=(0, None))(X, theta)  # (samples, heads, tokens, dim)
+    n, m, t, d = phi.shape
+    return jnp.transpose(phi, (0, 2, 1, 3)).reshape(n * t, m * d)
+
+
+def solve_values(
+    X: Float[Array, "samples tokens dim"],
+    Y: Float[Array, "samples tokens dim"],
+    theta: Float[Array, "heads dim dim"],
+    ridge: float | Array = 1e-10,
+) -> Float[Array, "heads dim dim"]:
+    """argmin_W Σ_n ‖Σ_i Φ_i(X_n) W_i − Y_n‖²_F + ridge·scale·‖W‖², by Cholesky.
+
+    The (relative) ridge keeps the solve defined when features coincide (identical heads,
+    Θ = 0); ``scale`` is the mean diagonal of ZᵀZ.
+    """
+    Z = design(X, theta)
+    gram = Z.T @ Z
+    scale = jnp.trace(gram) / gram.shape[0]
+    gram = gram + ridge * scale * jnp.eye(gram.shape[0], dtype=gram.dtype)
+    rhs = Z.T @ Y.reshape(-1, Y.shape[-1])
+    W = jax.scipy.linalg.cho_solve(jax.scipy.linalg.cho_factor(gram), rhs)
+    return W.reshape(theta.shape[0], theta.shape[1], Y.shape[-1])

@@ -1,0 +1,131 @@
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.optimize
+
+import mhalearn as mh
+from mhalearn.learners import chen_li as cl
+
+CONFIG = cl.ChenLiConfig()
+
+
+def teacher_problem(heads, beta=4.0, samples=1000, key=0, dim=8, tokens=4):
+    task = mh.RegressionTask(
+        teacher=mh.TeacherSpec(heads=heads, dim=dim, tokens=tokens, beta=beta), samples=samples
+    )
+    return task.sample(jax.random.key(key))
+
+
+def test_crude_estimate_is_exact_in_expectation_for_uniform_attention(rng):
+    X = rng.choice([-1.0, 1.0], size=(20000, 4, 6))
+    sum_w = rng.standard_normal((6, 6))
+    Y = np.repeat(X.mean(axis=1, keepdims=True), 4, axis=1) @ sum_w  # Θ = 0
+    M0 = cl.crude_sum_w(X, Y)
+    assert np.linalg.norm(M0 - sum_w) / np.linalg.norm(sum_w) < 0.05
+
+
+def test_row_matches_equal_loop_reference(rng):
+    X = rng.choice([-1.0, 1.0], size=(5, 4, 2))  # dim 2: repeated tokens are common
+    S = rng.standard_normal((2, 2))
+    Y = rng.standard_normal((5, 4, 2))
+    best, res, gap = cl.row_matches(X, Y, S)
+    for n, a in itertools.product(range(5), range(4)):
+        dist = [np.linalg.norm(Y[n, a] - X[n, b] @ S) for b in range(4)]
+        b = int(np.argmin(dist))
+        others = [dist[c] for c in range(4) if not np.array_equal(X[n, c], X[n, b])]
+        assert best[n, a] == b and res[n, a] == pytest.approx(dist[b])
+        assert gap[n, a] == pytest.approx(min(others) - dist[b] if others else np.inf)
+
+
+def test_certification_is_sound():
+    # with the true ΣW, every certified row really has every head on the certified token
+    for heads, beta in [(1, 4.0), (2, 8.0), (3, 8.0)]:
+        teacher, problem = teacher_problem(heads, beta)
+        cert = cl.certify(problem.X, problem.Y, teacher.W.sum(0), CONFIG)
+        assert int(cert.certified.sum()) > 10
+        A = jax.vmap(mh.attention_weights, in_axes=(0, None))(problem.X, teacher.theta)
+        n, a = np.nonzero(np.asarray(cert.certified))
+        for i, j in zip(n, a, strict=True):
+            same = np.all(problem.X[i] == problem.X[i, cert.token[i, j]], axis=-1)
+            assert np.all(A[i, :, j][:, same].sum(-1) >= 1 - CONFIG.delta)
+
+
+def test_sum_w_refinement_converges_on_documented_case():
+    # (dim, tokens, heads, β, samples) = (8, 4, 2, 4, 1000), key 0: 1.43 → 4e-4 in 30 rounds
+    teacher, problem = teacher_problem(2)
+    truth = teacher.W.sum(0)
+    S0 = cl.crude_sum_w(problem.X, problem.Y)
+    S, history = cl.refine_sum_w(problem.X, problem.Y, S0, CONFIG)
+    err = lambda s: float(jnp.linalg.norm(s - truth) / jnp.linalg.norm(truth))  # noqa: E731
+    assert err(S0) > 1.0 and err(S) < 0.01
+    assert history.shape == (CONFIG.refit_rounds, 8, 8)
+
+
+def brute_min_norm(G, b):
+    cons = {"type": "ineq", "fun": lambda t: G @ t - b, "jac": lambda t: G}
+    res = scipy.optimize.minimize(
+        lambda t: 0.5 * t @ t,
+        np.zeros(G.shape[1]),
+        jac=lambda t: t,
+        constraints=[cons],
+        method="SLSQP",
+        options={"ftol": 1e-14, "maxiter": 500},
+    )
+    assert res.success
+    return res.x
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_min_norm_point_equals_brute_force(seed):
+    rng = np.random.default_rng(seed)
+    G = rng.standard_normal((12, 5))
+    G[:, 0] = np.abs(G[:, 0]) + 0.5  # feasible: a large multiple of e_0 satisfies all
+    valid = rng.random(12) < 0.8
+    got = cl.min_norm_point(G, valid, jnp.asarray(1.3), iterations=20000)
+    want = brute_min_norm(G[valid], 1.3)
+    np.testing.assert_allclose(got, want, atol=1e-6)
+    assert np.all(G[valid] @ np.asarray(got) >= 1.3 - 1e-6)
+
+
+def test_constraints_are_deduplicated_and_valid():
+    teacher, problem = teacher_problem(1, dim=4, tokens=3, samples=400)
+    cert = cl.certify(problem.X, problem.Y, teacher.W.sum(0), CONFIG)
+    K = cl.constraints(jax.random.key(0), problem.X, cert, CONFIG)
+    kept = np.asarray(K.G)[np.asarray(K.valid)]
+    assert len(kept) == len(np.unique(kept, axis=0)) > 0
+    assert np.all(np.any(kept != 0, axis=1))
+    # every true head lies in K (soundness of certification carries over to the constraints)
+    margins = kept @ np.asarray(teacher.theta).reshape(1, -1).T
+    assert np.all(margins >= float(K.bound) - 1e-9)
+
+
+def test_pipeline_recovers_one_head_and_reports_honestly():
+    task = mh.RegressionTask(
+        teacher=mh.TeacherSpec(heads=1, dim=8, tokens=4), samples=1000, test_samples=64
+    )
+    res = mh.simulate(jax.random.key(0), task, cl.ChenLiConfig(candidates=2), 3)
+    assert np.all(res.metrics["success"]) and np.all(res.metrics["info_accepted"])
+    assert np.all(res.metrics["info_certified_sound"] >= 0.99)
+    for heads in (2, 3):
+        task = mh.RegressionTask(
+            teacher=mh.TeacherSpec(heads=heads, dim=6, tokens=3), samples=300, test_samples=32
+        )
+        res = mh.simulate(jax.random.key(1), task, cl.ChenLiConfig(candidates=2, span_subsets=3), 2)
+        assert res.metrics["info_accepted"].dtype == bool  # failures are data, not exceptions
+        for name in (
+            "rows_certified",
+            "constraints_kept",
+            "span_angle_estimate",
+            "refined_sum_w_error",
+        ):
+            assert np.all(np.isfinite(res.metrics[f"info_{name}"].astype(float))), name
+        # accepted ⇒ the certificate holds: training cost within accept_tol·mean(Y²), so the
+        # normalised prediction error is small too
+        acc = res.metrics["info_accepted"]
+        np.testing.assert_allclose(
+            res.metrics["info_candidate_cost"], res.metrics["train_loss"], rtol=1e-9, atol=1e-18
+        )
+        assert np.all(res.metrics["prediction_error"][acc] < 1e-4)

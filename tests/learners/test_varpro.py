@@ -1,0 +1,76 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import mhalearn as mh
+from mhalearn.learners import linear, varpro
+from tests import reference as ref
+
+
+def small_problem(rng, samples=12, tokens=3, dim=4, heads=2):
+    X = rng.choice([-1.0, 1.0], size=(samples, tokens, dim))
+    Y = rng.standard_normal((samples, tokens, dim))
+    theta = 0.5 * rng.standard_normal((heads, dim, dim))
+    return mh.RegressionProblem(X=X, Y=Y, heads=heads), theta
+
+
+def test_design_and_least_squares_values_equal_references(rng):
+    problem, theta = small_problem(rng)
+    Z = np.asarray(linear.design(problem.X, theta))
+    for n in range(3):
+        A = ref.attention(problem.X[n], problem.X[n], theta)
+        for t in range(3):
+            expected = np.concatenate([A[i, t] @ problem.X[n] for i in range(2)])
+            np.testing.assert_allclose(Z[n * 3 + t], expected, rtol=1e-12)
+    W = linear.solve_values(problem.X, problem.Y, theta, ridge=0.0)
+    lstsq = np.linalg.lstsq(Z, problem.Y.reshape(-1, 4), rcond=None)[0]
+    np.testing.assert_allclose(np.asarray(W).reshape(8, 4), lstsq, rtol=1e-8, atol=1e-10)
+
+
+def test_gauss_newton_system_is_kaufman_projection(rng):
+    problem, theta = small_problem(rng)
+    W = linear.solve_values(problem.X, problem.Y, theta, ridge=0.0)
+    H, g = varpro.gauss_newton_system(problem, theta, W, sample_chunk=5)  # 12 = 5 + 5 + 2
+
+    # dense references: J_Θ with W held, the projector onto the W-directions, the residual
+    def outputs(flat):
+        params = mh.LayerParams(theta=flat.reshape(theta.shape), W=W)
+        return mh.problems.predict_layer(params, problem.X).reshape(-1)
+
+    J = np.asarray(jax.jacfwd(outputs)(jnp.asarray(theta.reshape(-1))))
+    r = np.asarray(outputs(jnp.asarray(theta.reshape(-1)))) - problem.Y.reshape(-1)
+    Z = np.asarray(linear.design(problem.X, theta))
+    JW = np.kron(Z, np.eye(4))  # ∂F/∂W, rows (n, t, e), columns (i, a, e)
+    P = JW @ np.linalg.pinv(JW)
+    JK = J - P @ J
+    np.testing.assert_allclose(H, JK.T @ JK, rtol=1e-7, atol=1e-9)
+    np.testing.assert_allclose(g, J.T @ r, rtol=1e-9, atol=1e-11)
+    # and J_Kᵀ r is the gradient of the reduced cost (times samples·tokens·dim / 2)
+    grad = jax.grad(lambda t: varpro.reduced_cost(problem, t, 0.0)[0])(theta)
+    np.testing.assert_allclose(np.asarray(grad).reshape(-1) * r.size / 2, g, rtol=1e-6, atol=1e-9)
+
+
+def test_variable_projection_recovers_random_teachers():
+    # (dim, tokens, heads) = (8, 4, 2), β = 4, float64: ≥ 90% of 32 teachers recovered
+    task = mh.RegressionTask(
+        teacher=mh.TeacherSpec(heads=2, dim=8, tokens=4), samples=500, test_samples=64
+    )
+    res = mh.simulate(jax.random.key(0), task, varpro.VarProConfig(iterations=20, restarts=2), 32)
+    assert np.mean(res.metrics["success"]) >= 0.9, res.metrics["theta_error_max"]
+    ok = res.metrics["success"]
+    assert np.all(res.metrics["prediction_error"][ok] < 1e-12)
+    assert np.all(res.status["converged"][ok]) and np.all(res.status["steps_taken"][ok] < 20)
+
+
+def test_restarts_keep_the_best_residual(rng):
+    task = mh.RegressionTask(teacher=mh.TeacherSpec(heads=2, dim=4, tokens=3), samples=60)
+    _, problem = task.sample(jax.random.key(1))
+    config = varpro.VarProConfig(iterations=3, restarts=5, tol=0.0)
+    out = varpro.fit(jax.random.key(2), problem, config)
+    singles = [
+        varpro.levenberg_marquardt(
+            problem, problem.init(jax.random.fold_in(jax.random.key(2), r)).theta, config
+        )[2][-1]
+        for r in range(5)
+    ]
+    np.testing.assert_allclose(out.trace.loss[-1], min(singles), rtol=1e-12)
