@@ -114,6 +114,11 @@ def map_instances(
             f"key_ids: expected integers of shape (instances,) = ({instances},), "
             f"received {key_ids.dtype} of shape {key_ids.shape}"
         )
+    if key_ids.min() < 0 or key_ids.max() >= 2**32:
+        raise ValueError(
+            f"key_ids must lie in [0, 2**32), received {key_ids.min()} .. {key_ids.max()}"
+        )
+    key_ids = key_ids.astype(np.uint32)  # what fold_in takes, with or without x64
     per_instance = jax.tree.map(np.asarray, per_instance)
     for path, leaf in jax.tree_util.tree_leaves_with_path(per_instance):
         if leaf.shape[:1] != (instances,):
@@ -151,7 +156,7 @@ def map_instances(
         return (*jax.device_put((key_ids[rows], per), device), *on_device[device])
 
     tic = time.perf_counter()
-    first = np.zeros(width, dtype=np.int64)
+    first = np.zeros(width, dtype=np.int64)  # rows of the first group, to compile
     run_group = {d: jax.jit(instance_group).lower(*group_args(first, d)).compile() for d in mine}
     toc = time.perf_counter()
 

@@ -79,7 +79,11 @@ class ClassificationProblem(eqx.Module):
     Loss: mean logistic loss. ``active_heads`` (a leaf, so it can vary under ``vmap``) masks
     the heads beyond it; α_H uses the active count. Student start: U = u_init·N(0, 1/dim)
     entries, W_h = (w_init/dim)·G_h (so ‖W_h‖_F ≈ w_init; w_init = 0 gives uniform attention),
-    and a prompt p ~ N(0, I/dim) when ``spec.query == "prompt"``.
+    and a prompt p ~ N(0, I/dim) when ``spec.query == "prompt"``; then, when ``one_step`` = η₀
+    is not 0, one full-batch gradient step of size η₀ on the training loss (the "one step"
+    initialisation). Initialisations: Gaussian U with W = 0 (the default), Gaussian both
+    (``w_init > 0``), zero (``u_init = w_init = 0``: the W-gradient then vanishes), each with or
+    without the step; every scale is a leaf, so they can be swept.
     """
 
     X: Float[Array, "samples tokens dim"]
@@ -89,6 +93,7 @@ class ClassificationProblem(eqx.Module):
     active_heads: int | Array | None = None
     u_init: float | Array = 1.0
     w_init: float | Array = 0.0
+    one_step: float | Array = 0.0
 
     def __check_init__(self):
         positive_int("heads", self.heads)
@@ -116,7 +121,9 @@ class ClassificationProblem(eqx.Module):
         prompt = None
         if self.spec.query == "prompt":
             prompt = jax.random.normal(k_p, (d,), dtype) / math.sqrt(d)
-        return ClassifierParams(W=W, U=U, prompt=prompt)
+        params = ClassifierParams(W=W, U=U, prompt=prompt)
+        grads = jax.grad(self.loss)(params)
+        return jax.tree.map(lambda p, g: p - self.one_step * g, params, grads)
 
     def scores(
         self, params: ClassifierParams, X: Float[Array, "n tokens dim"]

@@ -99,16 +99,6 @@ class Results:
         return xr.Dataset(data, coords=coords, attrs=self.attrs)
 
 
-def _one_instance(key, swept, fixed):
-    spec = eqx.combine(swept, fixed)
-    task, learner = spec["task"], spec["learner"]
-    k_problem, k_fit, k_eval = jax.random.split(key, 3)
-    truth, problem = task.sample(k_problem)
-    fit = learner.fit(k_fit, problem, monitor=lambda p: task.monitor(truth, problem, p))
-    metrics = task.evaluate(k_eval, truth, problem, fit.params)
-    return {**metrics, **{f"info_{k}": v for k, v in fit.info.items()}}, fit
-
-
 def simulate(
     key: PRNGKeyArray,
     task,
@@ -133,10 +123,15 @@ def simulate(
     swept, fixed = split_sweep({"task": task, "learner": learner}, instances)
     devs = select_devices(devices)
 
-    def run(k, per, shared):
-        metrics, fit = _one_instance(k, per, shared)
+    def run(key, per, shared):
+        spec = eqx.combine(per, shared)
+        task, learner = spec["task"], spec["learner"]
+        k_problem, k_fit, k_eval = jax.random.split(key, 3)
+        truth, problem = task.sample(k_problem)
+        fit = learner.fit(k_fit, problem, monitor=lambda p: task.monitor(truth, problem, p))
+        metrics = task.evaluate(k_eval, truth, problem, fit.params)
         out = {
-            "metrics": metrics,
+            "metrics": {**metrics, **{f"info_{k}": v for k, v in fit.info.items()}},
             "trace": {"loss": fit.trace.loss, **fit.trace.metrics},
             "status": {f.name: getattr(fit.status, f.name) for f in dataclasses.fields(fit.status)},
             "steps": fit.trace.steps,

@@ -106,8 +106,9 @@ class ClassificationTask(eqx.Module):
     """Train the classifier family on the tokenized mixture (Deora et al., reconstructed).
 
     ``heads`` is the model's head count; ``active_heads`` (a leaf, default all) masks the rest,
-    so head counts can be swept in one compilation. Metrics: train and test logistic loss and
-    0-1 error (``test_samples`` fresh draws of the mixture).
+    so head counts can be swept in one compilation. ``u_init``, ``w_init`` and ``one_step`` set
+    the initialisation (see :class:`~mhalearn.problems.ClassificationProblem`). Metrics: train
+    and test logistic loss and 0-1 error (``test_samples`` fresh draws of the mixture).
     """
 
     mixture: MixtureSpec
@@ -118,6 +119,7 @@ class ClassificationTask(eqx.Module):
     active_heads: int | Array | None = None
     u_init: float | Array = 1.0
     w_init: float | Array = 0.0
+    one_step: float | Array = 0.0
 
     def __check_init__(self):
         positive_int("heads", self.heads)
@@ -125,7 +127,7 @@ class ClassificationTask(eqx.Module):
         positive_int("test_samples", self.test_samples)
         if isinstance(self.active_heads, int):
             in_range("active_heads", self.active_heads, 1, self.heads)
-        for name in ("u_init", "w_init"):
+        for name in ("u_init", "w_init", "one_step"):
             in_range(name, getattr(self, name), 0.0)
 
     def sample(self, key: PRNGKeyArray) -> tuple[None, ClassificationProblem]:
@@ -138,6 +140,7 @@ class ClassificationTask(eqx.Module):
             active_heads=self.active_heads,
             u_init=self.u_init,
             w_init=self.w_init,
+            one_step=self.one_step,
         )
         return None, problem
 

@@ -162,3 +162,5 @@ def test_engine_bad_input():
         mh.map_instances(fn, jax.random.key(0), 2, devices=5)
     with pytest.raises(ValueError, match="key_ids: expected integers of shape"):
         mh.map_instances(fn, jax.random.key(0), 2, key_ids=[0.5, 1.5])
+    with pytest.raises(ValueError, match=r"key_ids must lie in \[0, 2\*\*32\)"):
+        mh.map_instances(fn, jax.random.key(0), 2, key_ids=[-1, 3])

@@ -9,7 +9,8 @@ alone, and :func:`fit` chains them:
 2. :func:`row_matches`, :func:`refine_sum_w`, :func:`certify` — an output row Y_a that equals
    x_bᵀ ΣW for one token value b (identical tokens merged), with a clear gap to every other
    distinct token, certifies that every head puts ≥ 1 − δ of row a on b. ΣW is refitted by
-   least squares on the best-matching rows, keeping a shrinking quantile of them.
+   least squares on the best-matching rows, keeping a shrinking quantile of them, from a few
+   perturbed starts (the best by trimmed residual is kept).
 3. :func:`constraints`, :func:`min_norm_point` — each certified (row a, token b) gives, for
    every distinct other token c, ⟨Θ, x_a(x_b − x_c)ᵀ⟩ ≥ log((1−δ)/δ), valid for every head:
    a polyhedron K holding every Θ_i. Duplicate constraints are removed. Its minimum-norm point
@@ -50,6 +51,8 @@ from mhalearn.problems import RegressionProblem
 class ChenLiConfig(eqx.Module):
     delta: float | Array = 0.1
     refit_rounds: int = eqx.field(static=True, default=30)
+    refit_restarts: int = eqx.field(static=True, default=4)
+    refit_noise: float | Array = 0.5
     quantile_start: float | Array = 0.5
     quantile_end: float | Array = 0.005
     certify_tol: float | Array = 0.01
@@ -66,7 +69,15 @@ class ChenLiConfig(eqx.Module):
 
     def __check_init__(self):
         in_range("delta", self.delta, 0.0, 0.5, open_low=True)
-        for name in ("refit_rounds", "max_rows", "qp_iterations", "span_subsets", "candidates"):
+        names = (
+            "refit_rounds",
+            "refit_restarts",
+            "max_rows",
+            "qp_iterations",
+            "span_subsets",
+            "candidates",
+        )
+        for name in names:
             positive_int(name, getattr(self, name))
         for name in ("quantile_start", "quantile_end", "subset_fraction"):
             in_range(name, getattr(self, name), 0.0, 1.0, open_low=True)
@@ -141,6 +152,31 @@ def refine_sum_w(
         return S, S
 
     return jax.lax.scan(round_, S0, shares)
+
+
+def trimmed_residual(X, Y, S, share) -> Float[Array, ""]:
+    """Mean residual of the best-matching ``share`` of rows, relative to √dim·‖S‖₂."""
+    _, res, _ = row_matches(X, Y, S)
+    keep = res <= jnp.quantile(res, share)
+    return jnp.sum(jnp.where(keep, res, 0.0)) / jnp.maximum(jnp.sum(keep), 1) / _scale(S)
+
+
+def refine_sum_w_restarts(
+    key: PRNGKeyArray,
+    X: Float[Array, "samples tokens dim"],
+    Y: Float[Array, "samples tokens dim"],
+    S0: Float[Array, "dim dim"],
+    config: ChenLiConfig,
+) -> tuple[Float[Array, "dim dim"], Float[Array, " restarts"]]:
+    """:func:`refine_sum_w` from S0 and from ``refit_restarts − 1`` perturbations of it
+    (relative size ``refit_noise``); keeps the estimate with the lowest trimmed residual (the
+    refinement can stall at a wrong fixed point). Returns it and every start's score."""
+    noise = jax.random.normal(key, (config.refit_restarts - 1, *S0.shape), S0.dtype)
+    size = jnp.linalg.norm(S0) / S0.shape[0]
+    starts = jnp.concatenate([S0[None], S0 + config.refit_noise * size * noise])
+    finals = jax.vmap(lambda s: refine_sum_w(X, Y, s, config)[0])(starts)
+    scores = jax.vmap(lambda s: trimmed_residual(X, Y, s, config.quantile_end))(finals)
+    return finals[jnp.argmin(scores)], scores
 
 
 class Certificate(eqx.Module):
@@ -336,9 +372,9 @@ def _soundness(X, cert: Certificate, theta, delta):
 def fit(key: PRNGKeyArray, problem: RegressionProblem, config: ChenLiConfig, monitor=None) -> Fit:
     """All phases in order; diagnostics of each in ``Fit.info``."""
     X, Y = problem.X, problem.Y
-    k_dedup, k_span, k_search = jax.random.split(key, 3)
+    k_refit, k_dedup, k_span, k_search = jax.random.split(key, 4)
     S0 = crude_sum_w(X, Y)
-    S, _ = refine_sum_w(X, Y, S0, config)
+    S, _ = refine_sum_w_restarts(k_refit, X, Y, S0, config)
     cert = certify(X, Y, S, config)
     K = constraints(k_dedup, X, cert, config)
     basis, point = span_estimate(k_span, K, problem.heads, config)

@@ -129,3 +129,16 @@ def test_pipeline_recovers_one_head_and_reports_honestly():
             res.metrics["info_candidate_cost"], res.metrics["train_loss"], rtol=1e-9, atol=1e-18
         )
         assert np.all(res.metrics["prediction_error"][acc] < 1e-4)
+
+
+def test_refinement_restarts_keep_the_lowest_trimmed_residual():
+    # (8, 4, 2), β = 4, key 3: the single start stalls (error 0.53); a perturbed start does not
+    teacher, problem = teacher_problem(2, key=3)
+    truth = teacher.W.sum(0)
+    S0 = cl.crude_sum_w(problem.X, problem.Y)
+    single, _ = cl.refine_sum_w(problem.X, problem.Y, S0, CONFIG)
+    best, scores = cl.refine_sum_w_restarts(jax.random.key(9), problem.X, problem.Y, S0, CONFIG)
+    score = lambda s: float(cl.trimmed_residual(problem.X, problem.Y, s, CONFIG.quantile_end))  # noqa: E731
+    assert score(best) == pytest.approx(float(np.min(scores))) and score(best) <= score(single)
+    err = lambda s: float(jnp.linalg.norm(s - truth) / jnp.linalg.norm(truth))  # noqa: E731
+    assert err(single) > 0.3 and err(best) < 0.01

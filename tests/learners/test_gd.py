@@ -164,3 +164,49 @@ def test_student_with_more_heads_than_teacher():
 def test_config_validation(kwargs, fragment):
     with pytest.raises(ValueError, match=fragment):
         mh.GDConfig(**kwargs)
+
+
+def test_one_step_initialisation_is_one_explicit_gd_step():
+    mixture = mh.MixtureSpec(tokens=5, dim=6, relevant_fraction=0.4, noise=0.3)
+    task = mh.ClassificationTask(mixture=mixture, heads=3, samples=64, w_init=0.0, one_step=0.7)
+    _, problem = task.sample(KEY)
+    stepped = problem.init(KEY)
+    plain = mh.ClassificationProblem(X=problem.X, y=problem.y, spec=problem.spec, heads=3)
+    start = plain.init(KEY)
+    grads = jax.grad(plain.loss)(start)
+    np.testing.assert_allclose(stepped.W, start.W - 0.7 * grads.W, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(stepped.U, start.U - 0.7 * grads.U, rtol=1e-12, atol=1e-15)
+    assert np.any(stepped.W != 0)  # from W = 0, the step moves the attention
+
+
+def test_classifier_sweep_over_heads_step_sizes_and_seeds_compiles_once():
+    from tests.test_batch import CompileLog
+
+    heads = np.repeat([1, 2, 4], 4)  # 3 head counts × 2 step sizes × 2 seeds
+    lrs = np.tile(np.repeat([0.3, 1.0], 2), 3)
+    seeds = np.tile([0, 1], 6)
+    mixture = mh.MixtureSpec(tokens=4, dim=6, relevant_fraction=0.5, noise=0.3)
+    task = mh.ClassificationTask(
+        mixture=mixture, heads=4, samples=32, test_samples=64, active_heads=heads
+    )
+    handler = CompileLog()
+    logger = __import__("logging").getLogger("jax")
+    logger.addHandler(handler)
+    try:
+        with jax.log_compiles():
+            res = mh.simulate(
+                jax.random.key(0),
+                task,
+                mh.GDConfig(optimizer="gd", steps=30, lr=lrs),
+                12,
+                key_ids=seeds,
+            )
+    finally:
+        logger.removeHandler(handler)
+    assert handler.names.count("instance_group") == 1
+    np.testing.assert_array_equal(res.metrics["active_heads"], heads)
+    np.testing.assert_array_equal(res.sweep["task.active_heads"], heads)
+    # same seed and head count, different step size: the same data and start
+    start = res.trace["loss"][:, 0]
+    np.testing.assert_array_equal(start[[0, 4, 8]], start[[2, 6, 10]])
+    assert np.all(np.isfinite(res.trace["loss"]))
