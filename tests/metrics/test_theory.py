@@ -7,7 +7,6 @@ import scipy.optimize
 import mhalearn as mh
 from mhalearn.metrics import theory
 
-
 DEFAULT = mh.ClassifierSpec()
 
 
