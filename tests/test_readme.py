@@ -16,6 +16,7 @@ def test_readme_python_example_runs():
     assert namespace["score"].shape == ()
     assert namespace["res"].trace["loss"].shape[0] == 12
     assert dict(namespace["ds"].sizes)["instance"] == 12
+    assert namespace["sweep"].metrics["test_error"].shape == (24,)
 
 
 def test_readme_has_the_two_commands():

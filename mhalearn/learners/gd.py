@@ -13,6 +13,8 @@ with ``jax.vmap`` or, better, :func:`mhalearn.batch.map_instances`.
   Other instances are untouched.
 - With ``tol > 0`` an instance stops (``converged``) once the loss its optimiser sees is
   ``<= tol``; a chunk of instances stops computing when all of its instances have stopped.
+- ``Fit.info`` holds ``loss_sum`` (Σ_t of the loss seen at every applied update: the stability
+  proxy is lr/samples times it) and the movement ‖θ_T − θ₀‖ of every parameter field.
 """
 
 from __future__ import annotations
@@ -129,7 +131,7 @@ def fit(
         return jax.random.choice(k, problem.samples, (config.batch_size,), replace=False)
 
     def step(carry):
-        i, params, opt_state, status, t = carry
+        i, params, opt_state, status, t, loss_sum = carry
         loss, grads = jax.value_and_grad(problem.loss)(params, minibatch(t))
         updates, new_state = opt.update(grads, opt_state, params)
         new_params = optax.apply_updates(params, updates)
@@ -144,21 +146,22 @@ def fit(
         )
         params = _select(update, new_params, params)
         opt_state = _select(update, new_state, opt_state)
-        return i + 1, params, opt_state, status, t + 1
+        loss_sum = loss_sum + jnp.where(update, loss, 0.0)
+        return i + 1, params, opt_state, status, t + 1, loss_sum
 
     def running(status: Status) -> Bool[Array, ""]:
         return ~status.diverged & ~status.converged
 
     def interval(carry, n):
-        params, opt_state, status, t = carry
-        _, params, opt_state, status, t = jax.lax.while_loop(
+        params, opt_state, status, t, loss_sum = carry
+        _, params, opt_state, status, t, loss_sum = jax.lax.while_loop(
             lambda c: (c[0] < n) & running(c[3]),
             step,
-            (jnp.asarray(0), params, opt_state, status, t),
+            (jnp.asarray(0), params, opt_state, status, t, loss_sum),
         )
         record = {"loss": problem.loss(params), **(monitor(params) if monitor else {})}
         record = jax.tree.map(lambda v: jnp.where(status.diverged, jnp.nan, v), record)
-        return (params, opt_state, status, t), record
+        return (params, opt_state, status, t, loss_sum), record
 
     status = Status(
         diverged=jnp.asarray(False),
@@ -166,9 +169,31 @@ def fit(
         converged=jnp.asarray(False),
         steps_taken=jnp.asarray(0),
     )
-    (params, _, status, _), records = jax.lax.scan(
-        interval, (params, opt.init(params), status, jnp.asarray(0)), jnp.asarray(lengths)
+    start = params
+    zero = jnp.zeros((), jax.tree.leaves(params)[0].dtype)
+    (params, _, status, _, loss_sum), records = jax.lax.scan(
+        interval, (params, opt.init(params), status, jnp.asarray(0), zero), jnp.asarray(lengths)
     )
     loss = records.pop("loss")
     trace = Trace(steps=jnp.asarray(snap_steps), loss=loss, metrics=records)
-    return Fit(params=params, trace=trace, status=status)
+    info = {"loss_sum": loss_sum, **movement(params, start)}
+    return Fit(params=params, trace=trace, status=status, info=info)
+
+
+def movement(params: PyTree, start: PyTree) -> dict[str, Float[Array, ""]]:
+    """‖θ − θ₀‖_F per parameter field (``movement_W``, ``movement_U``, …), absolute and
+    relative to ‖θ₀‖_F (``inf`` when the field started at zero and moved)."""
+    out = {}
+    for path, new in jax.tree_util.tree_leaves_with_path(params):
+        old = _leaf_at(start, path)
+        name = jax.tree_util.keystr(path, simple=True, separator="_")
+        moved = jnp.linalg.norm((new - old).ravel())
+        out[f"movement_{name}"] = moved
+        out[f"movement_{name}_relative"] = moved / jnp.linalg.norm(old.ravel())
+    return out
+
+
+def _leaf_at(tree: PyTree, path) -> Array:
+    for key in path:
+        tree = getattr(tree, key.name) if hasattr(key, "name") else tree[key.idx]
+    return tree

@@ -210,3 +210,18 @@ def test_classifier_sweep_over_heads_step_sizes_and_seeds_compiles_once():
     start = res.trace["loss"][:, 0]
     np.testing.assert_array_equal(start[[0, 4, 8]], start[[2, 6, 10]])
     assert np.all(np.isfinite(res.trace["loss"]))
+
+
+def test_loss_sum_and_movement_for_the_theory():
+    mixture = mh.MixtureSpec(tokens=4, dim=6, relevant_fraction=0.5, noise=0.3)
+    _, problem = mh.ClassificationTask(mixture=mixture, heads=2, samples=32).sample(KEY)
+    out = gd.fit(KEY, problem, mh.GDConfig(optimizer="gd", steps=6, lr=0.5, log_every=1))
+    # full batch: the losses seen at the 6 updates are the traced losses at steps 0..5
+    np.testing.assert_allclose(out.info["loss_sum"], np.sum(out.trace.loss[:-1]), rtol=1e-12)
+    start = problem.init(jax.random.split(KEY)[0])
+    np.testing.assert_allclose(out.info["movement_U"], np.linalg.norm(out.params.U - start.U), rtol=1e-12)
+    np.testing.assert_allclose(
+        out.info["movement_U_relative"], np.linalg.norm(out.params.U - start.U) / np.linalg.norm(start.U),
+        rtol=1e-12,
+    )
+    assert np.isinf(out.info["movement_W_relative"])  # W started at zero and moved

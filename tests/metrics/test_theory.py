@@ -139,3 +139,16 @@ def test_movement_and_stability_proxy(rng):
     np.testing.assert_allclose(m.w, 0.1 * np.sqrt(start.W.size), rtol=1e-12)
     np.testing.assert_allclose(m.u_relative, 1.0, rtol=1e-12)
     np.testing.assert_allclose(theory.stability_proxy(0.5, 10, jnp.array([1.0, 2.0, 3.0])), 0.3)
+
+
+def test_theory_quantities_vmap(rng):
+    grams, ys = [], []
+    for _ in range(3):
+        f = rng.standard_normal((10, 4))
+        y = np.sign(f[:, 0] + 0.5 * np.sign(f[:, 0]))
+        grams.append(f @ f.T)
+        ys.append(y)
+    batched = jax.vmap(lambda g, y: theory.svm_margin(g, y, 3000))(np.stack(grams), np.stack(ys))
+    for i in range(3):
+        single = theory.svm_margin(grams[i], ys[i], 3000)
+        np.testing.assert_allclose(batched.margin[i], single.margin, rtol=1e-10)

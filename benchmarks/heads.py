@@ -1,0 +1,149 @@
+"""Classifier training sweeps over heads and step sizes, and the cost of the theory quantities.
+
+    python benchmarks/heads.py            # 10⁴ GD steps per cell
+    python benchmarks/heads.py --small    # 10³ steps, smaller theory grid
+
+Part 1: one compiled sweep of full-batch GD on the tokenized mixture (tokens 4, dim 8, 128
+samples, up to 8 heads) over heads {1, 2, 4, 8} × step sizes {0.3, 1, 3} × 4 seeds; prints the
+time per (seed × heads × step size) cell and the final training loss per head count.
+Part 2: steady-state time (compilation apart) of each theory quantity at random initialisation
+versus samples and heads. Rows go to benchmarks/results/heads_sweep.csv and heads_theory.csv.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import append_rows, machine, table
+
+import mhalearn as mh
+from mhalearn.metrics import theory
+
+MIXTURE = mh.MixtureSpec(tokens=4, dim=8, relevant_fraction=0.25, irrelevant_means=2, noise=0.5)
+
+
+def sweep(steps: int) -> tuple[list[dict], dict]:
+    heads = np.array([1, 2, 4, 8])
+    lrs = np.array([0.3, 1.0, 3.0])
+    seeds = 4
+    grid = np.array(np.meshgrid(heads, lrs, np.arange(seeds), indexing="ij")).reshape(3, -1)
+    task = mh.ClassificationTask(
+        mixture=MIXTURE, heads=8, samples=128, test_samples=512, active_heads=grid[0].astype(int)
+    )
+    learner = mh.GDConfig(optimizer="gd", steps=steps, lr=grid[1], snapshots=20)
+    res = mh.simulate(jax.random.key(0), task, learner, grid.shape[1], key_ids=grid[2].astype(int))
+    cells = grid.shape[1]
+    summary = {
+        "cells": cells,
+        "steps": steps,
+        "compile_s": res.attrs["compile_seconds"],
+        "run_s": res.attrs["run_seconds"],
+        "s_per_cell": res.attrs["run_seconds"] / cells,
+        "cell_steps_per_s": cells * steps / res.attrs["run_seconds"],
+    }
+    rows = []
+    for h in heads:
+        for lr in lrs:
+            pick = (grid[0] == h) & (grid[1] == lr)
+            rows.append(
+                {
+                    "heads": int(h),
+                    "lr": float(lr),
+                    "final_train_loss": float(np.median(res.trace["loss"][pick, -1])),
+                    "test_error": float(np.median(res.metrics["test_error"][pick])),
+                    "diverged": int(res.status["diverged"][pick].sum()),
+                }
+            )
+    return rows, summary
+
+
+def timed(fn, *args, repeats: int = 3) -> tuple[float, float]:
+    compiled = jax.jit(fn)
+    tic = time.perf_counter()
+    jax.block_until_ready(compiled(*args))
+    first = time.perf_counter() - tic
+    tic = time.perf_counter()
+    for _ in range(repeats):
+        jax.block_until_ready(compiled(*args))
+    return first, (time.perf_counter() - tic) / repeats
+
+
+def quantities(data: mh.Mixture, problem: mh.ClassificationProblem) -> dict:
+    spec, key = problem.spec, jax.random.key(3)
+
+    def gram(p):
+        return theory.ntk_gram(theory.ntk_features(p, data.X, spec)["all"])
+
+    return {
+        "ntk_gram": gram,
+        "ntk_margin": lambda p: theory.svm_margin(gram(p), data.y, 2000).margin,
+        "hessian_norm": lambda p: theory.hessian_spectral_norm(problem.loss, p, key, 50),
+        "weak_convexity": lambda p: theory.weak_convexity_ratio(problem.loss, p, key, 50),
+        "relevant_attention": lambda p: theory.relevant_attention(p, data.X, data.relevant, spec),
+    }
+
+
+def theory_costs(samples_grid, heads_grid) -> list[dict]:
+    rows = []
+    for n in samples_grid:
+        data = mh.tokenized_mixture(jax.random.key(1), MIXTURE, n)
+        for h in heads_grid:
+            problem = mh.ClassificationProblem(
+                X=data.X, y=data.y, spec=mh.ClassifierSpec(), heads=h, w_init=1.0
+            )
+            params = problem.init(jax.random.key(2))
+            for name, fn in quantities(data, problem).items():
+                first, steady = timed(fn, params)
+                rows.append(
+                    {
+                        "quantity": name,
+                        "samples": n,
+                        "heads": h,
+                        "compile_s": first - steady,
+                        "steady_s": steady,
+                    }
+                )
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--small", action="store_true")
+    p.add_argument(
+        "--steps", type=int, default=None, help="GD steps per cell (default 10⁴; 10³ small)"
+    )
+    args = p.parse_args()
+    jax.config.update("jax_enable_x64", False)
+    steps = args.steps or (1000 if args.small else 10_000)
+    rows, summary = sweep(steps)
+    print(
+        f"sweep: {summary['cells']} cells (heads × step size × seed), {steps} full-batch GD steps, "
+        f"one compilation ({summary['compile_s']:.1f}s)"
+    )
+    print(
+        f"  {summary['run_s']:.1f}s in all, {summary['s_per_cell']:.3f}s per cell, "
+        f"{summary['cell_steps_per_s']:.0f} cell-steps/s"
+    )
+    print(table(rows, ["heads", "lr", "final_train_loss", "test_error", "diverged"]))
+    costs = theory_costs(
+        [64, 256] if args.small else [64, 256, 1024], [2, 8] if args.small else [2, 8, 32]
+    )
+    print("\ntheory quantities at random initialisation (steady state, compilation apart):")
+    print(table(costs, ["quantity", "samples", "heads", "steady_s", "compile_s"]))
+    info = machine()
+    first = append_rows("heads_sweep", [{**info, **summary, **r} for r in rows])
+    second = append_rows("heads_theory", [{**info, **r} for r in costs])
+    print(f"\n{info['cpu']}, {info['cores']} cores; rows appended to {first} and {second}")
+
+
+if __name__ == "__main__":
+    main()
