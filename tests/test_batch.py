@@ -1,6 +1,5 @@
 """The engine: keys by global index, chunking, devices and hosts, one compilation."""
 
-import logging
 import os
 import socket
 import subprocess
@@ -13,6 +12,7 @@ import numpy as np
 import pytest
 
 import mhalearn as mh
+from tests.engine.compiles import count_compiles
 from tests.engine.worker import flatten, small_simulation
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -111,39 +111,17 @@ def test_two_process_distributed_run_equals_one_process(tmp_path):
         np.testing.assert_array_equal(saved[f"0/{name}"], value, err_msg=name)
 
 
-class CompileLog(logging.Handler):
-    def __init__(self):
-        super().__init__()
-        self.names = []
-
-    def emit(self, record):
-        message = record.getMessage()
-        if message.startswith("Compiling jit("):
-            self.names.append(message.split("(")[1].split(")")[0])
-
-
 def test_sweep_of_learning_rates_and_seeds_compiles_once():
     task = mh.RegressionTask(
         teacher=mh.TeacherSpec(heads=2, dim=4, tokens=3), samples=32, test_samples=8
     )
     lrs = np.repeat(np.geomspace(1e-3, 1e-1, 8), 4)  # 8 learning rates × 4 seeds
     seeds = np.tile(np.arange(4), 8)
-    handler = CompileLog()
-    logger = logging.getLogger("jax")
-    logger.addHandler(handler)
-    try:
-        with jax.log_compiles():
-            res = mh.simulate(
-                jax.random.key(0),
-                task,
-                mh.GDConfig(steps=20, lr=lrs),
-                32,
-                key_ids=seeds,
-                chunk_size=8,
-            )
-    finally:
-        logger.removeHandler(handler)
-    assert handler.names.count("instance_group") == 1, handler.names
+    with count_compiles() as names:
+        res = mh.simulate(
+            jax.random.key(0), task, mh.GDConfig(steps=20, lr=lrs), 32, key_ids=seeds, chunk_size=8
+        )
+    assert names.count("instance_group") == 1, names
     np.testing.assert_array_equal(res.sweep["learner.lr"], lrs)
     # the same seed under different learning rates saw the same teacher and data
     first = res.trace["loss"][:, 0]

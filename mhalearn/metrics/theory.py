@@ -94,6 +94,16 @@ def hessian_vector_product(
     return jax.jvp(jax.grad(f), (params,), (v,))[1]
 
 
+def _flat_hvp(f, params: PyTree, key: PRNGKeyArray):
+    """v ↦ ∇²f(params)·v on flattened parameters, and a random starting vector."""
+    flat, unravel = ravel_pytree(params)
+
+    def hvp(v):
+        return ravel_pytree(hessian_vector_product(f, params, unravel(v)))[0]
+
+    return hvp, jax.random.normal(key, flat.shape, flat.dtype)
+
+
 def _power(matvec, v0: Float[Array, " p"], iterations: int) -> Float[Array, ""]:
     """Largest |eigenvalue| of a symmetric operator by power iteration (Rayleigh quotient)."""
 
@@ -112,10 +122,8 @@ def hessian_spectral_norm(
     iterations: int = 100,
 ) -> Float[Array, ""]:
     """‖∇²f(params)‖₂ by power iteration on Hessian-vector products (never forming ∇²f)."""
-    flat, unravel = ravel_pytree(params)
-    matvec = lambda v: ravel_pytree(hessian_vector_product(f, params, unravel(v)))[0]  # noqa: E731
-    v0 = jax.random.normal(key, flat.shape, flat.dtype)
-    return jnp.abs(_power(matvec, v0, iterations))
+    hvp, v0 = _flat_hvp(f, params, key)
+    return jnp.abs(_power(hvp, v0, iterations))
 
 
 def hessian_min_eigenvalue(
@@ -125,13 +133,10 @@ def hessian_min_eigenvalue(
     iterations: int = 100,
 ) -> Float[Array, ""]:
     """λ_min(∇²f) by power iteration on the shifted operator ‖∇²f‖·I − ∇²f."""
-    flat, unravel = ravel_pytree(params)
     k1, k2 = jax.random.split(key)
     top = hessian_spectral_norm(f, params, k1, iterations)
-    hvp = lambda v: ravel_pytree(hessian_vector_product(f, params, unravel(v)))[0]  # noqa: E731
-    shifted = lambda v: top * v - hvp(v)  # noqa: E731
-    v0 = jax.random.normal(k2, flat.shape, flat.dtype)
-    return top - _power(shifted, v0, iterations)
+    hvp, v0 = _flat_hvp(f, params, k2)
+    return top - _power(lambda v: top * v - hvp(v), v0, iterations)
 
 
 def weak_convexity_ratio(

@@ -6,6 +6,7 @@ import pytest
 
 import mhalearn as mh
 from mhalearn.learners import gd
+from tests.engine.compiles import count_compiles
 
 KEY = jax.random.key(2)
 # The documented easy, well-conditioned case (found by experiment, float64): random teachers
@@ -180,8 +181,6 @@ def test_one_step_initialisation_is_one_explicit_gd_step():
 
 
 def test_classifier_sweep_over_heads_step_sizes_and_seeds_compiles_once():
-    from tests.test_batch import CompileLog
-
     heads = np.repeat([1, 2, 4], 4)  # 3 head counts × 2 step sizes × 2 seeds
     lrs = np.tile(np.repeat([0.3, 1.0], 2), 3)
     seeds = np.tile([0, 1], 6)
@@ -189,21 +188,10 @@ def test_classifier_sweep_over_heads_step_sizes_and_seeds_compiles_once():
     task = mh.ClassificationTask(
         mixture=mixture, heads=4, samples=32, test_samples=64, active_heads=heads
     )
-    handler = CompileLog()
-    logger = __import__("logging").getLogger("jax")
-    logger.addHandler(handler)
-    try:
-        with jax.log_compiles():
-            res = mh.simulate(
-                jax.random.key(0),
-                task,
-                mh.GDConfig(optimizer="gd", steps=30, lr=lrs),
-                12,
-                key_ids=seeds,
-            )
-    finally:
-        logger.removeHandler(handler)
-    assert handler.names.count("instance_group") == 1
+    learner = mh.GDConfig(optimizer="gd", steps=30, lr=lrs)
+    with count_compiles() as names:
+        res = mh.simulate(jax.random.key(0), task, learner, 12, key_ids=seeds)
+    assert names.count("instance_group") == 1, names
     np.testing.assert_array_equal(res.metrics["active_heads"], heads)
     np.testing.assert_array_equal(res.sweep["task.active_heads"], heads)
     # same seed and head count, different step size: the same data and start
