@@ -1,11 +1,13 @@
 """Classifier training sweeps over heads and step sizes, and the cost of the theory quantities.
 
-    python benchmarks/heads.py            # 10⁴ GD steps per cell
-    python benchmarks/heads.py --small    # 10³ steps, smaller theory grid
+    python benchmarks/heads.py                        # 8 heads × 8 step sizes × 16 seeds
+    python benchmarks/heads.py --small --steps 10000  # 4 × 3 × 4 cells of 10⁴ steps
 
 Part 1: one compiled sweep of full-batch GD on the tokenized mixture (tokens 4, dim 8, 128
-samples, up to 8 heads) over heads {1, 2, 4, 8} × step sizes {0.3, 1, 3} × 4 seeds; prints the
-time per (seed × heads × step size) cell and the final training loss per head count.
+samples, up to 8 heads): by default heads 1..8 × 8 step sizes in [0.1, 10] × 16 seeds = 1024
+cells of 1000 steps; with --small heads {1, 2, 4, 8} × {0.3, 1, 3} × 4 seeds. Prints the time
+per (seed × heads × step size) cell and the median final training loss per head count and
+step size (time per cell grows linearly with --steps).
 Part 2: steady-state time (compilation apart) of each theory quantity at random initialisation
 versus samples and heads. Rows go to benchmarks/results/heads_sweep.csv and heads_theory.csv.
 """
@@ -29,10 +31,10 @@ from mhalearn.metrics import theory
 MIXTURE = mh.MixtureSpec(tokens=4, dim=8, relevant_fraction=0.25, irrelevant_means=2, noise=0.5)
 
 
-def sweep(steps: int) -> tuple[list[dict], dict]:
-    heads = np.array([1, 2, 4, 8])
-    lrs = np.array([0.3, 1.0, 3.0])
-    seeds = 4
+def sweep(steps: int, small: bool) -> tuple[list[dict], dict]:
+    heads = np.array([1, 2, 4, 8]) if small else np.arange(1, 9)
+    lrs = np.array([0.3, 1.0, 3.0]) if small else np.geomspace(0.1, 10.0, 8)
+    seeds = 4 if small else 16
     grid = np.array(np.meshgrid(heads, lrs, np.arange(seeds), indexing="ij")).reshape(3, -1)
     task = mh.ClassificationTask(
         mixture=MIXTURE, heads=8, samples=128, test_samples=512, active_heads=grid[0].astype(int)
@@ -123,8 +125,8 @@ def main() -> None:
     )
     args = p.parse_args()
     jax.config.update("jax_enable_x64", False)
-    steps = args.steps or (1000 if args.small else 10_000)
-    rows, summary = sweep(steps)
+    steps = args.steps or 1000
+    rows, summary = sweep(steps, args.small)
     print(
         f"sweep: {summary['cells']} cells (heads × step size × seed), {steps} full-batch GD steps, "
         f"one compilation ({summary['compile_s']:.1f}s)"
