@@ -31,6 +31,7 @@ from jaxtyping import Array, Bool, Float, PRNGKeyArray, PyTree
 
 from mhalearn._validate import choice, in_range, positive_int
 from mhalearn.learners.base import Fit, Status, Trace
+from mhalearn.metrics.theory import movement
 
 OptimizerName = Literal["gd", "momentum", "adam", "normalized_gd"]
 OPTIMIZERS = ("gd", "momentum", "adam", "normalized_gd")
@@ -178,22 +179,3 @@ def fit(
     trace = Trace(steps=jnp.asarray(snap_steps), loss=loss, metrics=records)
     info = {"loss_sum": loss_sum, **movement(params, start)}
     return Fit(params=params, trace=trace, status=status, info=info)
-
-
-def movement(params: PyTree, start: PyTree) -> dict[str, Float[Array, ""]]:
-    """‖θ − θ₀‖_F per parameter field (``movement_W``, ``movement_U``, …), absolute and
-    relative to ‖θ₀‖_F (``inf`` when the field started at zero and moved)."""
-    out = {}
-    for path, new in jax.tree_util.tree_leaves_with_path(params):
-        old = _leaf_at(start, path)
-        name = jax.tree_util.keystr(path, simple=True, separator="_")
-        moved = jnp.linalg.norm((new - old).ravel())
-        out[f"movement_{name}"] = moved
-        out[f"movement_{name}_relative"] = moved / jnp.linalg.norm(old.ravel())
-    return out
-
-
-def _leaf_at(tree: PyTree, path) -> Array:
-    for key in path:
-        tree = getattr(tree, key.name) if hasattr(key, "name") else tree[key.idx]
-    return tree

@@ -149,22 +149,17 @@ def weak_convexity_ratio(
     return -hessian_min_eigenvalue(loss, params, key, iterations) / loss(params)
 
 
-class Movement(eqx.Module):
-    u: Float[Array, ""]
-    w: Float[Array, ""]
-    u_relative: Float[Array, ""]  # ‖U_t − U_0‖ / ‖U_0‖
-    w_relative: Float[Array, ""]  # ‖W_t − W_0‖ / ‖W_0‖ (inf when W_0 = 0 and W moved)
-
-
-def movement(params: ClassifierParams, start: ClassifierParams) -> Movement:
-    du = jnp.linalg.norm(params.U - start.U)
-    dw = jnp.linalg.norm(params.W - start.W)
-    return Movement(
-        u=du,
-        w=dw,
-        u_relative=du / jnp.linalg.norm(start.U),
-        w_relative=dw / jnp.linalg.norm(start.W),
-    )
+def movement(params: PyTree, start: PyTree) -> dict[str, Float[Array, ""]]:
+    """‖θ − θ₀‖_F per parameter field (``movement_W``, ``movement_U``, …), absolute and
+    relative to ‖θ₀‖_F (``inf`` when the field started at zero and moved)."""
+    out = {}
+    pairs = zip(jax.tree_util.tree_leaves_with_path(params), jax.tree.leaves(start), strict=True)
+    for (path, new), old in pairs:
+        name = jax.tree_util.keystr(path, simple=True, separator="_")
+        moved = jnp.linalg.norm((new - old).ravel())
+        out[f"movement_{name}"] = moved
+        out[f"movement_{name}_relative"] = moved / jnp.linalg.norm(old.ravel())
+    return out
 
 
 def stability_proxy(

@@ -136,8 +136,8 @@ def test_movement_and_stability_proxy(rng):
     start = classifier(rng)
     moved = mh.ClassifierParams(W=start.W + 0.1, U=start.U * 2)
     m = theory.movement(moved, start)
-    np.testing.assert_allclose(m.w, 0.1 * np.sqrt(start.W.size), rtol=1e-12)
-    np.testing.assert_allclose(m.u_relative, 1.0, rtol=1e-12)
+    np.testing.assert_allclose(m["movement_W"], 0.1 * np.sqrt(start.W.size), rtol=1e-12)
+    np.testing.assert_allclose(m["movement_U_relative"], 1.0, rtol=1e-12)
     np.testing.assert_allclose(theory.stability_proxy(0.5, 10, jnp.array([1.0, 2.0, 3.0])), 0.3)
 
 
