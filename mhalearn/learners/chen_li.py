@@ -401,7 +401,8 @@ def fit(key: PRNGKeyArray, problem: RegressionProblem, config: ChenLiConfig, mon
             crude_sum_w_error=_relative(S0, sum_true),
             refined_sum_w_error=_relative(S, sum_true),
             certified_sound=_soundness(X, cert, truth.theta, config.delta),
-            min_norm_in_span=jnp.linalg.norm(flat.T @ proj) / jnp.maximum(scale, 1e-300),
+            min_norm_in_span=jnp.linalg.norm(flat.T @ proj)
+            / jnp.maximum(scale, jnp.finfo(X.dtype).tiny),
             span_angle_estimate=largest_principal_angle(flat, basis),
         )
     else:
