@@ -120,6 +120,7 @@ def simulate(
     ``chunk_size``, ``devices`` and ``vector_width``.
     """
     instances = positive_int("instances", instances)
+    key_ids = np.arange(instances) if key_ids is None else np.asarray(key_ids)
     swept, fixed = split_sweep({"task": task, "learner": learner}, instances)
     devs = select_devices(devices)
 
@@ -147,7 +148,7 @@ def simulate(
         instances,
         swept,
         fixed,
-        key_ids=None if key_ids is None else np.asarray(key_ids),
+        key_ids=key_ids,
         chunk_size=chunk_size,
         devices=devs,
         vector_width=vector_width,
@@ -174,7 +175,7 @@ def simulate(
         trace_steps=out["steps"][0],
         trace=out["trace"],
         sweep=swept_values(swept),
-        key_ids=np.arange(instances) if key_ids is None else np.asarray(key_ids),
+        key_ids=key_ids,
         attrs=attrs,
         params=out.get("params"),
     )

@@ -29,7 +29,16 @@ def test_results_as_arrays_and_dataset():
     assert config["task"]["teacher"]["beta"] == betas.tolist()
     for key in ("root_key", "mhalearn_version", "jax_version", "device_kind"):
         assert key in ds.attrs
-    # each instance's teacher really had its own β: ‖Θ_i‖_F ≈ β (up to sampling noise)
+    # each instance really saw its own β: rebuild instance i by hand (its key, its β) and
+    # recompute the training loss at the student's start
+    for i, beta in enumerate(betas):
+        own = mh.RegressionTask(
+            teacher=mh.TeacherSpec(heads=2, dim=4, tokens=3, beta=beta), samples=40, test_samples=8
+        )
+        k_problem, k_fit, _ = jax.random.split(jax.random.fold_in(jax.random.key(9), i), 3)
+        _, problem = own.sample(k_problem)
+        start = problem.init(jax.random.split(k_fit)[0])
+        np.testing.assert_allclose(res.trace["loss"][i, 0], problem.loss(start), rtol=1e-12)
     kept = mh.simulate(jax.random.key(9), task, mh.GDConfig(steps=1), 6, keep_params=True)
     assert kept.params.theta.shape == (6, 2, 4, 4)
 
