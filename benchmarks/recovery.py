@@ -32,9 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import append_rows, machine, table  # noqa: E402
 
 import mhalearn as mh  # noqa: E402
-from mhalearn.learners.baselines import AlternatingConfig, OracleConfig, UniformConfig  # noqa: E402
-from mhalearn.learners.chen_li import ChenLiConfig  # noqa: E402
-from mhalearn.learners.varpro import VarProConfig  # noqa: E402
+from mhalearn.experiments import learner_configs  # noqa: E402
 
 BASE = dict(heads=2, dim=8, tokens=4, beta=4.0, samples=1000)
 AXES = dict(
@@ -48,15 +46,8 @@ HARD = [("two_tokens", dict(tokens=2)), ("near_duplicate", {}), ("ill_conditione
 
 
 def learners(small: bool) -> dict:
-    return {
-        "gd": mh.GDConfig(optimizer="gd", steps=500 if small else 2000, lr=0.3, snapshots=8),
-        "adam": mh.GDConfig(optimizer="adam", steps=500 if small else 2000, lr=1e-2, snapshots=8),
-        "varpro": VarProConfig(iterations=20, restarts=2),
-        "chen_li": ChenLiConfig(candidates=2, span_subsets=4, qp_iterations=1000),
-        "uniform": UniformConfig(),
-        "alternating": AlternatingConfig(rounds=25 if small else 50, inner_steps=20),
-        "oracle": OracleConfig(),
-    }
+    """The recovery study's learners (GD and Adam: 500 steps with --small, else 1000)."""
+    return learner_configs(steps=500 if small else 1000)
 
 
 def cells(full: bool, small: bool) -> list[dict]:

@@ -1,131 +1,213 @@
-"""The ``mhalearn`` command.
+"""The ``mhalearn`` command (also ``python -m mhalearn``).
 
-``mhalearn run`` samples random Chen–Li teachers in one vmapped call and prints their
-diagnostics as a table. Bad arguments and invalid configs end with a one-line message and
-exit code 2.
+    mhalearn run [STUDY] [--option value ...]   run a study (default: recovery), resumably
+    mhalearn list                               the studies, their parameters and defaults
+    mhalearn plot RESULTS                       the figure of a saved results file
+    mhalearn bench [NAME ...]                   the benchmark scripts (source checkout)
+
+A bad argument or an invalid config ends with a one-line message and exit code 2.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
+import re
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from typing import Literal
+from pathlib import Path
+from typing import Annotated, Literal, Union
 
 import tyro
 
-from mhalearn.data import TokenDistribution
-from mhalearn.teachers import Family
+from mhalearn.experiments import DEFAULT, STUDIES
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def _subcommands(named: dict[str, type], defaults: bool = False):
+    """A Union of tyro subcommands, one per name (built at runtime)."""
+    options = tuple(
+        Annotated[cls, tyro.conf.subcommand(name, default=cls() if defaults else None)]
+        for name, cls in named.items()
+    )
+    return Union[options]  # noqa: UP007
+
+
+StudyChoice = _subcommands(STUDIES, defaults=True)
 
 
 @dataclasses.dataclass(frozen=True)
 class Run:
-    """Sample random Chen–Li teachers and print their diagnostics."""
+    """Run a study: every cell of its grid, saved as it finishes; an interrupted run started
+    again computes only the missing cells. Writes OUT/STUDY/results.nc and figure.png."""
 
-    heads: int = 2
-    dim: int = 8
-    tokens: int = 4
-    beta: float = 4.0
-    family: Family = "random"
-    inputs: TokenDistribution = "boolean"
-    teachers: int = 8
-    """Number of teachers, sampled side by side in one vmapped call."""
-    samples: int = 512
-    """Fresh input sequences per teacher for the attention statistics."""
-    delta: float = 0.1
-    """A row agrees when every head puts >= 1 - delta on one token value."""
-    seed: int = 0
+    study: StudyChoice = STUDIES[DEFAULT]()  # noqa: RUF009 (frozen, immutable)
+    out: Path = Path("results")
+    """Results go to OUT/STUDY/."""
     precision: Literal["float32", "float64"] = "float32"
+    chunk_size: int | None = None
+    """Instances per compiled call (bounds memory); results do not depend on it."""
+    devices: int | None = None
+    """How many devices to spread instances over (default: all)."""
+    overwrite: bool = False
+    """Replace results of another config in OUT/STUDY/ instead of refusing."""
+    quiet: bool = False
+    """No progress bar and no summary."""
 
 
-_COLUMNS = (
-    ("attempts", "{:>8d}"),
-    ("w_norm", "{:>8.3f}"),
-    ("separation", "{:>10.3f}"),
-    ("sigma_ratio", "{:>11.4f}"),
-    ("theta_sv", "{:>8.3f}"),
-    ("sum_w_norm", "{:>10.3f}"),
-    ("max_attn", "{:>8.3f}"),
-    ("entropy", "{:>8.3f}"),
-    ("agreement", "{:>9.4f}"),
-)
+@dataclasses.dataclass(frozen=True)
+class List:
+    """List the built-in studies, their parameters and defaults."""
 
 
-def run(cfg: Run) -> None:
+@dataclasses.dataclass(frozen=True)
+class Plot:
+    """Draw the figure of a saved results file."""
+
+    results: tyro.conf.Positional[Path]
+    """A results.nc written by `mhalearn run`."""
+    figure: Path | None = None
+    """Where to write the PNG (default: beside RESULTS, suffix .png)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Bench:
+    """Run benchmark scripts from benchmarks/ (a source checkout); extra arguments after
+    `--` go to every script (e.g. `mhalearn bench recovery -- --small`)."""
+
+    names: tyro.conf.Positional[tuple[str, ...]] = ()
+    """Scripts to run (default: all); see benchmarks/README.md."""
+
+
+_COMMANDS = _subcommands({"run": Run, "list": List, "plot": Plot, "bench": Bench})
+
+
+def run(cfg: Run) -> Path:
     import jax
 
     if cfg.precision == "float64":
         jax.config.update("jax_enable_x64", True)
-    import numpy as np
+    from mhalearn import plots
+    from mhalearn.experiments import Engine, run_study
+    from mhalearn.store import Store
 
-    from mhalearn._validate import positive_int
-    from mhalearn.teachers import TeacherSpec, sample_teacher_with_info, teacher_diagnostics
-
-    positive_int("teachers", cfg.teachers)
-    spec = TeacherSpec(
-        heads=cfg.heads,
-        dim=cfg.dim,
-        tokens=cfg.tokens,
-        beta=cfg.beta,
-        family=cfg.family,
-        inputs=cfg.inputs,
+    study = cfg.study
+    store = Store(
+        cfg.out / study.name, {**study.config(), "precision": cfg.precision}, cfg.overwrite
     )
+    progress = not cfg.quiet and sys.stderr.isatty()
+    engine = Engine(chunk_size=cfg.chunk_size, devices=cfg.devices, progress=progress)
+    tic = time.perf_counter()
+    ds = run_study(study, store, engine, quiet=cfg.quiet)
+    figure = store.folder / "figure.png"
+    _use_agg()
+    plots.save(plots.plot(ds), figure)
+    if not cfg.quiet:
+        print(study.summarize(ds))
+        print(f"{store.results_path} and {figure} ({time.perf_counter() - tic:.1f}s)")
+    return store.results_path
 
-    @jax.jit
-    def one(key):
-        teacher, info = sample_teacher_with_info(jax.random.fold_in(key, 0), spec)
-        diag = teacher_diagnostics(
-            jax.random.fold_in(key, 1), teacher, spec, cfg.samples, cfg.delta
-        )
-        return info, diag
 
-    root = jax.random.key(cfg.seed)
-    start = time.perf_counter()
-    keys = jax.vmap(lambda i: jax.random.fold_in(root, i))(np.arange(cfg.teachers))
-    info, diag = jax.block_until_ready(jax.vmap(one)(keys))
-    elapsed = time.perf_counter() - start
+def list_studies(_: List) -> None:
+    for name, cls in STUDIES.items():
+        default = " (default)" if name == DEFAULT else ""
+        print(f"{name}{default}: {cls.summary}")
+        for f in dataclasses.fields(cls):
+            print(f"    --{f.name.replace('_', '-')} {_show(getattr(cls(), f.name))}")
 
-    p = diag.parameters
-    table = {
-        "attempts": info.attempts,
-        "w_norm": p.w_norm,
-        "separation": p.separation,
-        "sigma_ratio": p.sigma_ratio,
-        "theta_sv": p.theta_sv,
-        "sum_w_norm": p.sum_w_norm,
-        "max_attn": diag.mean_max_attention,
-        "entropy": diag.attention_entropy,
-        "agreement": diag.agreement,
-    }
-    table = {k: np.asarray(v) for k, v in table.items()}
-    print(
-        f"{cfg.teachers} teachers: heads={cfg.heads} dim={cfg.dim} tokens={cfg.tokens} "
-        f"beta={cfg.beta} family={cfg.family} inputs={cfg.inputs} seed={cfg.seed} "
-        f"({cfg.precision}, {jax.devices()[0].platform}, {elapsed:.2f}s)"
-    )
-    header = " ".join(f"{name:>{len(fmt.format(0))}}" for name, fmt in _COLUMNS)
-    print(f"{'teacher':>7} {header}")
-    for i in range(cfg.teachers):
-        cells = " ".join(fmt.format(table[name][i].item()) for name, fmt in _COLUMNS)
-        print(f"{i:>7d} {cells}")
-    medians = " ".join(
-        fmt.format(np.median(table[name]).item()) if name != "attempts" else f"{'':>8}"
-        for name, fmt in _COLUMNS
-    )
-    print(f"{'median':>7} {medians}")
-    rejected = int(np.sum(~np.asarray(info.accepted)))
-    if rejected:
-        print(f"warning: {rejected} teacher(s) failed the checks in {spec.max_attempts} draws")
+
+def _show(value) -> str:
+    if isinstance(value, tuple):
+        return " ".join(_show(v) for v in value)
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def plot(cfg: Plot) -> Path:
+    from mhalearn import plots
+    from mhalearn.store import load
+
+    ds = load(cfg.results)
+    figure = cfg.figure or cfg.results.with_suffix(".png")
+    _use_agg()
+    plots.save(plots.plot(ds), figure)
+    print(figure)
+    return figure
+
+
+def bench(cfg: Bench, extra: Sequence[str]) -> int:
+    if not BENCHMARKS.is_dir():
+        raise ValueError(f"no benchmarks folder at {BENCHMARKS}: run from a source checkout")
+    known = sorted(p.stem for p in BENCHMARKS.glob("*.py") if not p.stem.startswith("_"))
+    for name in cfg.names:
+        if name not in known:
+            raise ValueError(f"unknown benchmark {name!r}; expected one of {known}")
+    for name in cfg.names or known:
+        print(f"== benchmarks/{name}.py {' '.join(extra)}", flush=True)
+        code = subprocess.call([sys.executable, str(BENCHMARKS / f"{name}.py"), *extra])
+        if code:
+            return code
+    return 0
+
+
+def _use_agg() -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+
+
+def _parse(argv: list[str]):
+    """tyro's parse, with its boxed error reduced to one line (exit 2)."""
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(captured):
+            return tyro.cli(
+                _COMMANDS,
+                prog="mhalearn",
+                description=__doc__.splitlines()[0],
+                args=argv,
+                config=(tyro.conf.CascadeSubcommandArgs, tyro.conf.OmitSubcommandPrefixes),
+            )
+    except SystemExit as exit:
+        if exit.code in (0, None):
+            sys.stderr.write(captured.getvalue())
+            raise
+        lines = [
+            re.sub(r"^[\s│╭╰╮╯]+|[\s│╭╰╮╯]+$", "", s) for s in captured.getvalue().splitlines()
+        ]
+        body = []  # the first section of tyro's box (a message may wrap over lines)
+        for line in lines[1:]:
+            if not line.strip("─ "):
+                break
+            body.append(line)
+        message = re.sub(r"^Error parsing [^:]*: ", "", " ".join(body)) or "invalid arguments"
+        raise ValueError(message) from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    command = tyro.extras.subcommand_cli_from_dict(
-        {"run": Run}, prog="mhalearn", description=__doc__.splitlines()[0], args=argv
-    )
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra: list[str] = []
+    if "--" in argv:
+        argv, extra = argv[: argv.index("--")], argv[argv.index("--") + 1 :]
     try:
-        run(command)
+        command = _parse(argv)
+        if isinstance(command, Run):
+            run(command)
+        elif isinstance(command, List):
+            list_studies(command)
+        elif isinstance(command, Plot):
+            plot(command)
+        else:
+            return bench(command, extra)
     except ValueError as err:
         print(f"mhalearn: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(
+            "mhalearn: interrupted; finished cells are saved, run again to resume", file=sys.stderr
+        )
+        return 130
     return 0

@@ -99,6 +99,12 @@ class Results:
         return xr.Dataset(data, coords=coords, attrs=self.attrs)
 
 
+def instance_keys(key: PRNGKeyArray) -> tuple[PRNGKeyArray, PRNGKeyArray, PRNGKeyArray]:
+    """The keys of one instance's problem, fit and evaluation, from its instance key."""
+    k_problem, k_fit, k_eval = jax.random.split(key, 3)
+    return k_problem, k_fit, k_eval
+
+
 def simulate(
     key: PRNGKeyArray,
     task,
@@ -127,7 +133,7 @@ def simulate(
     def run(key, per, shared):
         spec = eqx.combine(per, shared)
         task, learner = spec["task"], spec["learner"]
-        k_problem, k_fit, k_eval = jax.random.split(key, 3)
+        k_problem, k_fit, k_eval = instance_keys(key)
         truth, problem = task.sample(k_problem)
         fit = learner.fit(k_fit, problem, monitor=lambda p: task.monitor(truth, problem, p))
         metrics = task.evaluate(k_eval, truth, problem, fit.params)

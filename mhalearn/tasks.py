@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, PRNGKeyArray
 
 from mhalearn._validate import in_range, positive_int
-from mhalearn.data import MixtureSpec, sample_tokens, tokenized_mixture
+from mhalearn.data import Mixture, MixtureSpec, sample_tokens, tokenized_mixture
 from mhalearn.kernels import ClassifierSpec
 from mhalearn.metrics.recovery import (
     classification_errors,
@@ -108,7 +108,8 @@ class ClassificationTask(eqx.Module):
     ``heads`` is the model's head count; ``active_heads`` (a leaf, default all) masks the rest,
     so head counts can be swept in one compilation. ``u_init``, ``w_init`` and ``one_step`` set
     the initialisation (see :class:`~mhalearn.problems.ClassificationProblem`). Metrics: train
-    and test logistic loss and 0-1 error (``test_samples`` fresh draws of the mixture).
+    and test logistic loss and 0-1 error (``test_samples`` fresh draws of the mixture); the
+    trace follows the training 0-1 error and the test loss and error on another held-out draw.
     """
 
     mixture: MixtureSpec
@@ -130,8 +131,11 @@ class ClassificationTask(eqx.Module):
         for name in ("u_init", "w_init", "one_step"):
             in_range(name, getattr(self, name), 0.0)
 
-    def sample(self, key: PRNGKeyArray) -> tuple[None, ClassificationProblem]:
+    def sample(self, key: PRNGKeyArray) -> tuple[Mixture, ClassificationProblem]:
+        """The training problem, and (as the "truth") a held-out set on which the test loss
+        is monitored during training."""
         data = tokenized_mixture(key, self.mixture, self.samples)
+        held_out = tokenized_mixture(jax.random.fold_in(key, 1), self.mixture, self.test_samples)
         problem = ClassificationProblem(
             X=data.X,
             y=data.y,
@@ -142,20 +146,26 @@ class ClassificationTask(eqx.Module):
             w_init=self.w_init,
             one_step=self.one_step,
         )
-        return None, problem
+        return held_out, problem
 
-    def monitor(self, truth: None, problem: ClassificationProblem, params: ClassifierParams):
+    def monitor(self, held_out: Mixture, problem: ClassificationProblem, params: ClassifierParams):
+        test = classification_errors(problem.scores(params, held_out.X), held_out.y)
         return {
-            "train_error": classification_errors(problem.scores(params, problem.X), problem.y).error
+            "train_error": classification_errors(
+                problem.scores(params, problem.X), problem.y
+            ).error,
+            "test_loss": test.loss,
+            "test_error": test.error,
         }
 
     def evaluate(
         self,
         key: PRNGKeyArray,
-        truth: None,
+        truth: Mixture,
         problem: ClassificationProblem,
         params: ClassifierParams,
     ) -> dict[str, Float[Array, ""]]:
+        del truth  # the final scores use a fresh draw, independent of the monitored one
         test = tokenized_mixture(key, self.mixture, self.test_samples)
         train = classification_errors(problem.scores(params, problem.X), problem.y)
         held_out = classification_errors(problem.scores(params, test.X), test.y)

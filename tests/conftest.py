@@ -8,9 +8,27 @@ import jax
 import numpy as np
 import pytest
 
+from tests.studies import TINY
+
 jax.config.update("jax_enable_x64", True)
 
 
 @pytest.fixture
 def rng():
     return np.random.default_rng(20261130)
+
+
+@pytest.fixture(scope="session")
+def tiny_results(tmp_path_factory):
+    """Each tiny study run once through a store: name → (study, path of results.nc)."""
+    from mhalearn.experiments import STUDIES, run_study
+    from mhalearn.store import Store
+
+    root = tmp_path_factory.mktemp("studies")
+    out = {}
+    for name, kwargs in TINY.items():
+        study = STUDIES[name](**kwargs)
+        store = Store(root / name, study.config())
+        run_study(study, store)
+        out[name] = (study, store.results_path)
+    return out

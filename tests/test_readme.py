@@ -17,6 +17,18 @@ def test_readme_python_example_runs():
     assert namespace["res"].trace["loss"].shape[0] == 12
     assert dict(namespace["ds"].sizes)["instance"] == 12
     assert namespace["sweep"].metrics["test_error"].shape == (24,)
+    assert namespace["results"].attrs["study"] == "regimes" and namespace["fig"].axes
+
+
+def test_readme_lists_every_study_in_one_line():
+    from mhalearn.experiments import STUDIES
+
+    text = README.read_text()
+    table = text[text.index("| study | what it runs |") :].split("\n\n")[0]
+    rows = table.splitlines()[2:]
+    assert len(rows) == len(STUDIES)
+    for name in STUDIES:
+        assert sum(line.startswith(f"| `{name}`") for line in rows) == 1, name
 
 
 def test_readme_has_the_two_commands():

@@ -84,6 +84,12 @@ class GDConfig(eqx.Module):
         return np.unique(np.concatenate([[0], steps, [self.steps]]).astype(np.int64))
 
 
+def gd_keys(key: PRNGKeyArray) -> tuple[PRNGKeyArray, PRNGKeyArray]:
+    """The keys of the start (``problem.init``) and of the minibatches, from a fit's key."""
+    k_init, k_batch = jax.random.split(key)
+    return k_init, k_batch
+
+
 def make_optimizer(config: GDConfig) -> optax.GradientTransformation:
     lr = config.lr
     if callable(config.optimizer):
@@ -119,7 +125,7 @@ def fit(
         raise ValueError(
             f"batch_size must be <= samples ({problem.samples}), received {config.batch_size}"
         )
-    k_init, k_batch = jax.random.split(key)
+    k_init, k_batch = gd_keys(key)
     opt = make_optimizer(config)
     params = problem.init(k_init)
     snap_steps = config.snapshot_steps()

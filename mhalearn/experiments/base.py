@@ -1,0 +1,218 @@
+"""What every study shares: the spec, the grid, running cells into one ``xarray.Dataset``.
+
+A study is a frozen dataclass: its **static grid** (values that change shapes or the compiled
+program — a learner, a sample count — one compiled *cell* each), its **vmapped grid** (numbers
+swept inside a cell's single compilation — β, a step size, an active head count),
+``instances`` per grid point and a root ``seed``. Every cell uses the same root key and
+instance i of every grid point draws from ``fold_in(key, i)``: the grid points of a cell, and
+the cells that share shapes, see the same random problems (common random numbers).
+
+:func:`run_study` runs the cells (resuming from a :class:`~mhalearn.store.Store` when given)
+and merges them into one Dataset with dimensions (static axes, vmapped axes, ``instance``,
+``step``), a coordinate for every swept value and attributes that make it reproducible.
+Flags (success, diverged, ...) are stored as 0/1 integers so that cells with and without a
+variable merge cleanly (missing entries are NaN).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import jax
+import numpy as np
+
+from mhalearn._validate import positive_int
+from mhalearn.simulate import Results, to_jsonable
+
+
+@dataclasses.dataclass(frozen=True)
+class Engine:
+    """How to run (never what is computed): results do not depend on these."""
+
+    chunk_size: int | None = None
+    devices: int | None = None
+    progress: bool = False
+
+    def simulate_kwargs(self) -> dict[str, Any]:
+        return {"chunk_size": self.chunk_size, "devices": self.devices, "progress": self.progress}
+
+
+@dataclasses.dataclass(frozen=True)
+class Study:
+    """Base of every study spec. Subclasses set ``name``, ``summary``, ``static_axes`` and
+    implement :meth:`cells` and :meth:`run_cell`."""
+
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    static_axes: ClassVar[tuple[str, ...]]
+    headline: ClassVar[str]  # the variable :meth:`summarize` reports
+
+    def __post_init__(self):
+        positive_int("instances", self.instances)
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, tuple) and not value:
+                raise ValueError(f"{f.name}: expected at least one value, received none")
+            if isinstance(value, tuple) and len(set(value)) != len(value):
+                raise ValueError(f"{f.name}: values must be distinct, received {value}")
+
+    def cells(self) -> list[dict[str, Any]]:
+        """The static grid: one dict (static axis → value) per compiled cell."""
+        raise NotImplementedError
+
+    def run_cell(self, cell: dict[str, Any], key: jax.Array, engine: Engine):
+        """One cell's ``xarray.Dataset`` (vmapped axes, ``instance``, ``step``; no static axes)."""
+        raise NotImplementedError
+
+    def summarize(self, ds) -> str:
+        """The headline variable per grid point: its mean over instances for a 0/1 flag
+        (a rate), its median otherwise."""
+        da = ds[self.headline]
+        flag = da.dtype == np.int8
+        stat = da.mean("instance") if flag else da.median("instance")
+        what = "rate" if flag else "median"
+        table = stat.to_series().to_string()
+        return f"{self.headline} ({what} over {ds.sizes['instance']} instances):\n{table}"
+
+    def config(self) -> dict[str, Any]:
+        return {"study": self.name, **to_jsonable(self)}
+
+
+def cell_id(cell: dict[str, Any]) -> str:
+    """A file-name-safe, human-readable name of a cell."""
+    return "_".join(f"{k}-{v}" for k, v in cell.items()).replace("/", "-") or "all"
+
+
+def product_grid(
+    axes: dict[str, Sequence[Any]], instances: int
+) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Every combination of the vmapped ``axes`` × ``instances``, flattened in C order with the
+    instance last: per-instance values of each axis, and the key ids (the instance index, so
+    every grid point sees the same problems)."""
+    grids = np.meshgrid(
+        *[np.asarray(v) for v in axes.values()], np.arange(instances), indexing="ij"
+    )
+    values = {name: g.ravel() for name, g in zip(axes, grids[:-1], strict=True)}
+    return values, grids[-1].ravel()
+
+
+def grid_dataset(
+    arrays: dict[str, np.ndarray],
+    axes: dict[str, Sequence[Any]],
+    instances: int,
+    steps: np.ndarray | None = None,
+):
+    """A Dataset from flat per-instance arrays of a :func:`product_grid` run: leading axis
+    reshaped to (axes..., instance); a second axis, when present, is ``step``."""
+    import xarray as xr
+
+    shape = (*(len(v) for v in axes.values()), instances)
+    dims = (*axes, "instance")
+    data = {}
+    for name, a in arrays.items():
+        a = np.asarray(a)
+        if a.dtype == bool:
+            a = a.astype(np.int8)
+        extra = ("step",) if a.ndim == 2 else ()
+        data[name] = ((*dims, *extra), a.reshape(*shape, *a.shape[1:]))
+    coords = {name: np.asarray(v) for name, v in axes.items()}
+    coords["instance"] = np.arange(instances)
+    if steps is not None:
+        coords["step"] = np.asarray(steps)
+    return xr.Dataset(data, coords=coords)
+
+
+def results_dataset(res: Results, axes: dict[str, Sequence[Any]], instances: int):
+    """:func:`grid_dataset` of a :func:`~mhalearn.simulate` run (metrics, status and the trace
+    as ``trace_*`` over ``step``)."""
+    arrays = {**res.metrics, **res.status, **{f"trace_{k}": v for k, v in res.trace.items()}}
+    return grid_dataset(arrays, axes, instances, res.trace_steps)
+
+
+def attributes(study: Study) -> dict[str, Any]:
+    """What makes a results file reproducible (nothing that changes from run to run)."""
+    from mhalearn import __version__
+
+    return {
+        "study": study.name,
+        "config": json.dumps(study.config()),
+        "seed": study.seed,
+        "precision": "float64" if jax.config.jax_enable_x64 else "float32",
+        "mhalearn_version": __version__,
+        "jax_version": jax.__version__,
+        "device_kind": jax.devices()[0].device_kind,
+    }
+
+
+def merge_cells(study: Study, cells: list[dict[str, Any]], datasets: list) -> Any:
+    """One Dataset from the cells' Datasets, static axes in the study's order."""
+    import xarray as xr
+
+    placed = [
+        ds.expand_dims({axis: [cell[axis]] for axis in study.static_axes})
+        for cell, ds in zip(cells, datasets, strict=True)
+    ]
+    merged = xr.merge(placed, compat="no_conflicts", join="outer", combine_attrs="drop")
+    order = {axis: list(dict.fromkeys(c[axis] for c in cells)) for axis in study.static_axes}
+    merged = merged.reindex(order)
+    for name, var in merged.data_vars.items():  # outer merges make floats; restore flags
+        kinds = {ds[name].dtype for ds in datasets if name in ds}
+        if len(kinds) == 1 and np.issubdtype(next(iter(kinds)), np.integer):
+            if not var.isnull().any():
+                merged[name] = var.astype(next(iter(kinds)))
+    dims = (*study.static_axes, *[d for d in placed[0].dims if d not in study.static_axes])
+    merged = merged.transpose(*[d for d in dims if d in merged.dims], ...)
+    merged.attrs = attributes(study)
+    return merged
+
+
+def run_study(study: Study, store=None, engine: Engine = Engine(), quiet: bool = True):
+    """Run every cell of ``study`` (only the missing ones when ``store`` holds some) and return
+    the merged Dataset; with a store, each finished cell is saved at once and the merged
+    results are written to ``store.results_path``."""
+    cells = study.cells()
+    key = jax.random.key(study.seed)
+    todo = [c for c in cells if store is None or not store.has(cell_id(c))]
+    done: dict[str, Any] = {}
+    bar = None
+    if not quiet and todo:
+        from tqdm.auto import tqdm
+
+        # disable=None: silent when stderr is not a terminal
+        bar = tqdm(
+            total=len(cells),
+            initial=len(cells) - len(todo),
+            desc=study.name,
+            unit="cell",
+            disable=None,
+        )
+    tic = time.perf_counter()
+    try:
+        for cell in todo:
+            if bar is not None:
+                bar.set_postfix_str(cell_id(cell))
+            ds = study.run_cell(cell, key, engine)
+            if store is None:
+                done[cell_id(cell)] = ds
+            else:
+                store.write_cell(cell_id(cell), ds)
+            if bar is not None:
+                bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+    if store is not None:
+        datasets = [store.read_cell(cell_id(c)) for c in cells]
+    else:
+        datasets = [done[cell_id(c)] for c in cells]
+    merged = merge_cells(study, cells, datasets)
+    if store is not None:
+        store.write_results(merged)
+    if not quiet:
+        elapsed = time.perf_counter() - tic
+        print(f"{study.name}: {len(todo)} of {len(cells)} cells run in {elapsed:.1f}s")
+    return merged

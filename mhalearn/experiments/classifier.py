@@ -1,0 +1,93 @@
+"""What the classifier studies (``heads``, ``stepsize``, ``samples``, ``margin``) share: the
+tokenized mixture of Deora et al. (reconstructed), the model family and full-batch GD."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Literal
+
+import jax
+import numpy as np
+
+from mhalearn.data import MixtureSpec
+from mhalearn.experiments.base import Engine, Study, product_grid, results_dataset
+from mhalearn.kernels import ClassifierSpec, HeadScaling
+from mhalearn.learners.gd import GDConfig
+from mhalearn.simulate import simulate
+from mhalearn.tasks import ClassificationTask
+
+
+@dataclasses.dataclass(frozen=True)
+class ClassifierStudy(Study):
+    """Mixture and model options shared by the classifier studies."""
+
+    tokens: int = 4
+    dim: int = 8
+    relevant_fraction: float = 0.25
+    irrelevant_means: int = 2
+    positions: Literal["random", "fixed"] = "random"
+    head_scaling: HeadScaling = "sqrt"
+    """α_H: 1/√H ("sqrt"), 1/H ("mean") or 1 ("sum")."""
+    test_samples: int = 512
+
+    noise: float = 0.5
+    """Token noise level σ of the mixture (larger: harder)."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        for noise in np.atleast_1d(self.noise):
+            self.mixture(float(noise))
+        ClassifierSpec(head_scaling=self.head_scaling)
+
+    def mixture(self, noise: float) -> MixtureSpec:
+        return MixtureSpec(
+            tokens=self.tokens,
+            dim=self.dim,
+            relevant_fraction=self.relevant_fraction,
+            irrelevant_means=self.irrelevant_means,
+            positions=self.positions,
+            noise=noise,
+        )
+
+    def task(self, samples: int, heads: int, noise: float, **numbers: Any) -> ClassificationTask:
+        """``heads``: the model's (largest) head count; ``numbers``: per-instance leaves
+        (``active_heads``, ``w_init``, ``one_step``, ...)."""
+        return ClassificationTask(
+            mixture=self.mixture(noise),
+            model=ClassifierSpec(head_scaling=self.head_scaling),
+            heads=heads,
+            samples=samples,
+            test_samples=self.test_samples,
+            **numbers,
+        )
+
+    def train(
+        self,
+        key: jax.Array,
+        engine: Engine,
+        axes: dict[str, Any],
+        samples: int,
+        heads: int,
+        steps: int,
+        lr: Any,
+        snapshots: int = 20,
+        log_every: int | None = None,
+        task_numbers=None,
+        noise: float | None = None,
+    ):
+        """Full-batch GD on every point of the vmapped ``axes`` × instances in one compilation;
+        ``lr`` and ``task_numbers`` map the flat grid values (a dict) to per-instance leaves."""
+        values, key_ids = product_grid(axes, self.instances)
+        numbers = task_numbers(values) if task_numbers else {}
+        task = self.task(samples, heads, self.noise if noise is None else noise, **numbers)
+        learner = GDConfig(
+            optimizer="gd", steps=steps, lr=lr(values), snapshots=snapshots, log_every=log_every
+        )
+        res = simulate(
+            key, task, learner, len(key_ids), key_ids=key_ids, **engine.simulate_kwargs()
+        )
+        return results_dataset(res, axes, self.instances)
+
+
+def as_float(a) -> np.ndarray:
+    return np.asarray(a, dtype=float)

@@ -1,0 +1,48 @@
+"""``heads``: classifier training and test loss vs step, per head count and step size."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+
+from mhalearn.experiments.base import Engine
+from mhalearn.experiments.classifier import ClassifierStudy, as_float
+
+
+@dataclasses.dataclass(frozen=True)
+class Heads(ClassifierStudy):
+    """Full-batch GD on the tokenized mixture: the training loss, training error and test
+    loss along training for every head count, step size and noise level; one compilation
+    per noise level (static grid: noise; heads and step size swept inside)."""
+
+    name = "heads"
+    summary = "classifier train/test loss vs step: noise × heads × step size"
+    static_axes = ("noise",)
+    headline = "test_loss"
+
+    heads: tuple[int, ...] = (1, 2, 4, 8)
+    lr: tuple[float, ...] = (0.3, 1.0, 3.0)
+    noise: tuple[float, ...] = (0.5,)  # type: ignore[assignment]  # a grid here
+    """Token noise levels (one cell each): e.g. 0.5 (easy) and 1.5 (hard)."""
+    samples: int = 128
+    steps: int = 1000
+    instances: int = 4
+    seed: int = 0
+
+    def cells(self) -> list[dict[str, Any]]:
+        return [{"noise": s} for s in self.noise]
+
+    def run_cell(self, cell: dict[str, Any], key: jax.Array, engine: Engine):
+        return self.train(
+            key,
+            engine,
+            {"heads": self.heads, "lr": self.lr},
+            self.samples,
+            max(self.heads),
+            self.steps,
+            lr=lambda v: as_float(v["lr"]),
+            task_numbers=lambda v: {"active_heads": v["heads"]},
+            noise=cell["noise"],
+        )

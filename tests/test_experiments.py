@@ -1,0 +1,178 @@
+"""Built-in studies: dimensions, coordinates and attributes, and every grid point holding the
+numbers of its own instance (recomputed directly, one instance at a time)."""
+
+import itertools
+import json
+
+import jax
+import numpy as np
+import pytest
+
+import mhalearn as mh
+from mhalearn.experiments import STUDIES, Recovery, Regimes, run_study
+from mhalearn.learners.gd import gd_keys
+from mhalearn.metrics import theory
+from mhalearn.simulate import instance_keys
+from mhalearn.store import load
+from tests.studies import TINY
+
+DIMS = {
+    "recovery": ("learner", "samples", "heads", "instance", "step"),
+    "regimes": ("inputs", "heads", "tokens", "beta", "instance"),
+    "heads": ("noise", "heads", "lr", "instance", "step"),
+    "stepsize": ("heads", "lr", "instance", "step"),
+    "samples": ("samples", "heads", "instance", "step"),
+    "margin": ("init", "heads", "instance"),
+}
+
+
+@pytest.mark.parametrize("name", list(TINY))
+def test_study_dataset_has_documented_dims_coords_and_attrs(tiny_results, name):
+    study, path = tiny_results[name]
+    ds = load(path)
+    assert set(ds.dims) == set(DIMS[name])
+    for dim in DIMS[name]:
+        if dim == "instance":
+            np.testing.assert_array_equal(ds[dim], np.arange(study.instances))
+        elif dim != "step":
+            np.testing.assert_array_equal(ds[dim].values, np.asarray(getattr(study, dim)))
+    head = ds[study.headline]
+    assert head.dims[: len(study.static_axes)] == study.static_axes  # static axes lead
+    assert json.loads(ds.attrs["config"]) == json.loads(json.dumps(study.config()))
+    assert ds.attrs["study"] == name and ds.attrs["seed"] == study.seed
+    assert ds.attrs["precision"] == "float64"  # the tests enable x64
+    assert ds.attrs["jax_version"] == jax.__version__
+    assert ds.attrs["mhalearn_version"] == mh.__version__
+    assert ds.attrs["device_kind"] == jax.devices()[0].device_kind
+    assert np.isfinite(head.values).any()
+
+
+def test_recovery_points_match_direct_runs_and_flags_stay_integers(tiny_results):
+    study, path = tiny_results["recovery"]
+    ds = load(path)
+    assert ds["success"].dtype == np.int8 and ds["diverged"].dtype == np.int8
+    # the learners log different steps: each keeps its own, NaN elsewhere
+    adam_steps = set(mh.GDConfig(steps=study.steps, snapshots=8).snapshot_steps())
+    assert set(ds["step"].values) >= adam_steps
+    spec = mh.TeacherSpec(heads=2, dim=4, tokens=3, beta=study.beta)
+    task = mh.RegressionTask(teacher=spec, samples=60, test_samples=256)
+    learner = mh.GDConfig(optimizer="adam", steps=study.steps, lr=1e-2, snapshots=8)
+    direct = mh.simulate(jax.random.key(study.seed), task, learner, 1, key_ids=[1])
+    point = ds.sel(learner="adam", samples=60, heads=2, instance=1)
+    for name in ("theta_error_max", "prediction_error", "train_loss"):
+        np.testing.assert_allclose(point[name], direct.metrics[name][0], rtol=1e-9)
+    np.testing.assert_allclose(
+        point["trace_loss"].sel(step=direct.trace_steps), direct.trace["loss"][0], rtol=1e-9
+    )
+
+
+def test_regimes_points_match_direct_diagnostics(tiny_results):
+    study, path = tiny_results["regimes"]
+    ds = load(path)
+    key = jax.random.fold_in(jax.random.key(study.seed), 2)
+    spec = mh.TeacherSpec(heads=2, dim=study.dim, tokens=4, beta=4.0)
+    k_teacher, k_stats = jax.random.split(key)
+    teacher, info = mh.sample_teacher_with_info(k_teacher, spec)
+    diag = mh.teacher_diagnostics(k_stats, teacher, spec, study.samples, study.delta)
+    point = ds.sel(inputs="boolean", heads=2, tokens=4, beta=4.0, instance=2)
+    np.testing.assert_allclose(point["agreement"], diag.agreement, rtol=1e-12)
+    np.testing.assert_allclose(point["attention_entropy"], diag.attention_entropy, rtol=1e-12)
+    assert int(point["attempts"]) == int(info.attempts)
+    # sharper teachers attend more sharply (same draws, larger β)
+    sharp = ds["mean_max_attention"].sel(beta=4.0) >= ds["mean_max_attention"].sel(beta=1.0)
+    assert bool(sharp.all())
+
+
+def classification_task(study, noise, samples, **numbers):
+    return study.task(samples, max(study.heads), noise, **numbers)
+
+
+def test_heads_points_match_direct_runs(tiny_results):
+    study, path = tiny_results["heads"]
+    ds = load(path)
+    task = classification_task(study, 1.0, study.samples, active_heads=2)
+    learner = mh.GDConfig(optimizer="gd", steps=study.steps, lr=0.3, snapshots=20)
+    direct = mh.simulate(jax.random.key(study.seed), task, learner, 1, key_ids=[1])
+    point = ds.sel(noise=1.0, heads=2, lr=0.3, instance=1)
+    np.testing.assert_allclose(point["test_loss"], direct.metrics["test_loss"][0], rtol=1e-9)
+    np.testing.assert_allclose(point["trace_test_loss"], direct.trace["test_loss"][0], rtol=1e-9)
+    assert int(point["active_heads"]) == 2
+
+
+def test_stepsize_largest_stable_and_curvature_at_the_gd_start(tiny_results):
+    study, path = tiny_results["stepsize"]
+    ds = load(path)
+    np.testing.assert_array_equal(ds["step"], np.arange(study.steps + 1))  # every step
+    for h in study.heads:
+        for i in range(study.instances):
+            lrs = []
+            for lr in study.lr:
+                loss = ds["trace_loss"].sel(heads=h, lr=lr, instance=i).values
+                rises = [b - a > study.rise_tol * abs(a) for a, b in itertools.pairwise(loss)]
+                if ds["diverged"].sel(heads=h, lr=lr, instance=i) == 0 and not any(rises):
+                    lrs.append(lr)
+            assert float(ds["largest_stable_lr"].sel(heads=h, instance=i)) == max(lrs, default=0)
+    # curvature is measured where GD starts: same problem, same initial loss
+    key = jax.random.fold_in(jax.random.key(study.seed), 1)
+    k_problem, k_fit, _ = instance_keys(key)
+    _, problem = classification_task(study, study.noise, study.samples, active_heads=2).sample(
+        k_problem
+    )
+    start = problem.init(gd_keys(k_fit)[0])
+    np.testing.assert_allclose(
+        ds["trace_loss"].sel(heads=2, lr=1.0, instance=1, step=0), problem.loss(start), rtol=1e-9
+    )
+    k1, _ = jax.random.split(jax.random.fold_in(key, 7))
+    norm = theory.hessian_spectral_norm(problem.loss, start, k1, study.power_iterations)
+    np.testing.assert_allclose(ds["hessian_norm"].sel(heads=2, instance=1), norm, rtol=1e-9)
+
+
+def test_samples_gap_and_stability_proxy(tiny_results):
+    study, path = tiny_results["samples"]
+    ds = load(path)
+    np.testing.assert_allclose(ds["gap"], ds["test_loss"] - ds["train_loss"])
+    n = ds["samples"].broadcast_like(ds["info_loss_sum"])
+    np.testing.assert_allclose(ds["stability_proxy"], study.lr / n * ds["info_loss_sum"])
+
+
+def test_margin_points_match_direct_computation(tiny_results):
+    study, path = tiny_results["margin"]
+    ds = load(path)
+    task = classification_task(
+        study, study.noise, study.samples, active_heads=2, w_init=0.0, one_step=study.one_step_lr
+    )
+    k_problem, k_init = jax.random.split(jax.random.fold_in(jax.random.key(study.seed), 1))
+    _, problem = task.sample(k_problem)
+    params = problem.init(k_init)
+    gram = theory.ntk_gram(
+        theory.ntk_features(params, problem.X, problem.spec, problem.head_mask())["all"]
+    )
+    m = theory.svm_margin(gram, problem.y, study.svm_iterations)
+    point = ds.sel(init="one_step", heads=2, instance=1)
+    np.testing.assert_allclose(point["margin"], m.margin, rtol=1e-9)
+    assert int(point["separable"]) == int(m.separable)
+
+
+def test_in_memory_run_equals_the_stored_one(tiny_results):
+    study, path = tiny_results["regimes"]
+    ds = run_study(study)
+    stored = load(path)
+    for name in ds.data_vars:
+        np.testing.assert_array_equal(ds[name].values, stored[name].values)
+    assert ds.attrs == stored.attrs
+
+
+@pytest.mark.parametrize(
+    "make,fragment",
+    [
+        (lambda: Recovery(heads=()), "heads: expected at least one value"),
+        (lambda: Recovery(samples=(100, 100)), "samples: values must be distinct"),
+        (lambda: Recovery(heads=(0,)), "heads must be an integer >= 1"),
+        (lambda: Recovery(family="two_tokens"), "needs tokens == 2"),
+        (lambda: Regimes(instances=0), "instances must be an integer >= 1"),
+        (lambda: STUDIES["heads"](noise=(-1.0,)), "noise"),
+    ],
+)
+def test_invalid_specs_raise_clear_errors(make, fragment):
+    with pytest.raises(ValueError, match=fragment):
+        make()
