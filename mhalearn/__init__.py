@@ -5,7 +5,7 @@ one instance and batched with ``jax.vmap``. Library code never enables float64: 
 ``jax.config.update("jax_enable_x64", True)`` in your own entry point to opt in.
 """
 
-from mhalearn.batch import map_instances
+from mhalearn.batch import enable_compilation_cache, map_instances, split_cpu
 from mhalearn.data import (
     Mixture,
     MixtureSpec,
@@ -78,6 +78,7 @@ __all__ = [
     "classifier_attention",
     "classifier_score",
     "draw_teacher",
+    "enable_compilation_cache",
     "gaussian_tokens",
     "head_features",
     "head_scale",
@@ -92,6 +93,7 @@ __all__ = [
     "sample_teacher_with_info",
     "sample_tokens",
     "simulate",
+    "split_cpu",
     "teacher_diagnostics",
     "tokenized_mixture",
 ]

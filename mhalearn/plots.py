@@ -150,8 +150,11 @@ def stepsize(ds):
         norm = np.nanmedian(ds["hessian_norm"].values, axis=-1)
     axes[0, 0].plot(h, 2 / norm, "s--", label="2 / ‖∇²L̂(θ₀)‖")
     axes[0, 0].set(xlabel=LABELS["heads"], ylabel="step size η")
-    band(axes[0, 1], ds["hessian_norm"], "heads", label="‖∇²L̂(θ₀)‖")
-    _guide(axes[0, 1], h, float(norm[0]), -0.5, "∝ 1/√H")
+    band(axes[0, 1], ds["hessian_norm"], "heads", label="‖∇²L̂(θ₀)‖ (loss)")
+    band(axes[0, 1], ds["score_hessian_norm"], "heads", label="‖∇²Φ(X; θ₀)‖ (score, mean)")
+    with _quiet():
+        score = np.nanmedian(ds["score_hessian_norm"].values, axis=-1)
+    _guide(axes[0, 1], h, float(score[0]), -0.5, "∝ 1/√H")
     axes[0, 1].set(xlabel=LABELS["heads"], ylabel="Hessian spectral norm at init")
     band(axes[0, 2], ds["weak_convexity"], "heads", label="−λ_min(∇²L̂)/L̂")
     with _quiet():
@@ -166,7 +169,7 @@ def stepsize(ds):
 
 
 def samples(ds):
-    """Test loss vs samples (log–log, with an n^(−1/2) guide), and the generalisation gap
+    """Test loss vs samples (log–log, with an n^(−1) guide), and the generalisation gap
     beside the stability proxy, a curve per head count."""
     fig, axes = _figure(1, 2)
     n = ds["samples"].values
@@ -178,7 +181,7 @@ def samples(ds):
         band(axes[0, 1], one["stability_proxy"], "samples", color=color, linestyle="--")
     with _quiet():
         first = float(np.nanmedian(ds["test_loss"].isel(samples=0).values))
-    _guide(axes[0, 0], n, first, -0.5, "∝ n^(−1/2)")
+    _guide(axes[0, 0], n, first, -1.0, "∝ 1/n")
     axes[0, 0].set(xlabel=LABELS["samples"], ylabel="test logistic loss")
     axes[0, 1].set(xlabel=LABELS["samples"], ylabel="gap (—) and (η/n)Σ_t L̂(θ_t) (--)")
     for ax in axes[0]:

@@ -22,6 +22,7 @@ from mhalearn.metrics.recovery import (
     prediction_error,
     success,
 )
+from mhalearn.metrics.theory import relevant_attention
 from mhalearn.params import ClassifierParams, LayerParams
 from mhalearn.problems import ClassificationProblem, RegressionProblem, predict_layer
 from mhalearn.teachers import TeacherSpec, sample_teacher_with_info
@@ -109,7 +110,9 @@ class ClassificationTask(eqx.Module):
     so head counts can be swept in one compilation. ``u_init``, ``w_init`` and ``one_step`` set
     the initialisation (see :class:`~mhalearn.problems.ClassificationProblem`). Metrics: train
     and test logistic loss and 0-1 error (``test_samples`` fresh draws of the mixture); the
-    trace follows the training 0-1 error and the test loss and error on another held-out draw.
+    trace follows the training 0-1 error, and the test loss, test error and attention mass on
+    relevant positions (:func:`~mhalearn.metrics.theory.relevant_attention`) on another
+    held-out draw.
     """
 
     mixture: MixtureSpec
@@ -156,6 +159,9 @@ class ClassificationTask(eqx.Module):
             ).error,
             "test_loss": test.loss,
             "test_error": test.error,
+            "relevant_attention": relevant_attention(
+                params, held_out.X, held_out.relevant, problem.spec, problem.head_mask()
+            ),
         }
 
     def evaluate(

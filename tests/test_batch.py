@@ -142,3 +142,9 @@ def test_engine_bad_input():
         mh.map_instances(fn, jax.random.key(0), 2, key_ids=[0.5, 1.5])
     with pytest.raises(ValueError, match=r"key_ids must lie in \[0, 2\*\*32\)"):
         mh.map_instances(fn, jax.random.key(0), 2, key_ids=[-1, 3])
+
+
+def test_split_cpu_after_jax_started_is_a_clear_error():
+    jax.devices()  # the backend is up
+    with pytest.raises(ValueError, match="before JAX first uses a device"):
+        mh.split_cpu(2)

@@ -97,6 +97,14 @@ def test_heads_points_match_direct_runs(tiny_results):
     np.testing.assert_allclose(point["test_loss"], direct.metrics["test_loss"][0], rtol=1e-9)
     np.testing.assert_allclose(point["trace_test_loss"], direct.trace["test_loss"][0], rtol=1e-9)
     assert int(point["active_heads"]) == 2
+    # the monitored attention on relevant positions, at the start, on the held-out draw
+    k_problem, k_fit, _ = instance_keys(jax.random.fold_in(jax.random.key(study.seed), 1))
+    held_out, problem = task.sample(k_problem)
+    start = problem.init(gd_keys(k_fit)[0])
+    mass = theory.relevant_attention(
+        start, held_out.X, held_out.relevant, problem.spec, problem.head_mask()
+    )
+    np.testing.assert_allclose(point["trace_relevant_attention"].sel(step=0), mass, rtol=1e-9)
 
 
 def test_stepsize_largest_stable_and_curvature_at_the_gd_start(tiny_results):
@@ -122,9 +130,18 @@ def test_stepsize_largest_stable_and_curvature_at_the_gd_start(tiny_results):
     np.testing.assert_allclose(
         ds["trace_loss"].sel(heads=2, lr=1.0, instance=1, step=0), problem.loss(start), rtol=1e-9
     )
-    k1, _ = jax.random.split(jax.random.fold_in(key, 7))
+    k1, _, k3 = jax.random.split(jax.random.fold_in(key, 7), 3)
     norm = theory.hessian_spectral_norm(problem.loss, start, k1, study.power_iterations)
     np.testing.assert_allclose(ds["hessian_norm"].sel(heads=2, instance=1), norm, rtol=1e-9)
+    scores = [
+        theory.hessian_spectral_norm(
+            lambda p, x=x: problem.scores(p, x[None])[0], start, k3, study.power_iterations
+        )
+        for x in problem.X[: study.score_samples]
+    ]
+    np.testing.assert_allclose(
+        ds["score_hessian_norm"].sel(heads=2, instance=1), np.mean(scores), rtol=1e-9
+    )
 
 
 def test_samples_gap_and_stability_proxy(tiny_results):

@@ -6,6 +6,7 @@ import dataclasses
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from mhalearn.batch import map_instances
@@ -24,7 +25,8 @@ class StepSize(ClassifierStudy):
     theory promises below 2/‖∇²L̂‖);
     ``largest_stable_lr`` is the largest stable one on the grid (0 if none). Also
     ‖∇²L̂(θ₀)‖ (``hessian_norm``) and −λ_min(∇²L̂)/L̂ at θ₀ (``weak_convexity``) by power
-    iteration, whose theory counterparts scale like 1/√H under α_H = 1/√H."""
+    iteration, and the mean over the first ``score_samples`` training sequences of ‖∇²Φ(X; θ₀)‖
+    (``score_hessian_norm``), which the theory bounds by O(1/√H) under α_H = 1/√H."""
 
     name = "stepsize"
     summary = "largest stable step size and curvature at init vs heads"
@@ -37,6 +39,7 @@ class StepSize(ClassifierStudy):
     steps: int = 200
     rise_tol: float = 1e-4
     power_iterations: int = 50
+    score_samples: int = 8
     instances: int = 4
     seed: int = 0
 
@@ -65,20 +68,27 @@ class StepSize(ClassifierStudy):
         return ds.merge(self.curvature(key, engine))
 
     def curvature(self, key: jax.Array, engine: Engine):
-        """‖∇²L̂‖ and the weak-convexity ratio at the start, per (heads, instance), on the same
-        problems and starts as the GD runs."""
+        """‖∇²L̂‖, the weak-convexity ratio and ‖∇²Φ‖ at the start, per (heads, instance), on
+        the same problems and starts as the GD runs."""
         axes = {"heads": self.heads}
         values, key_ids = product_grid(axes, self.instances)
         task = self.task(self.samples, max(self.heads), self.noise)
         iterations = self.power_iterations
+        n_scores = min(self.score_samples, self.samples)
 
         def one(key, active, task):
             task = dataclasses.replace(task, active_heads=active)
             k_problem, k_fit, _ = instance_keys(key)
             _, problem = task.sample(k_problem)
             params = problem.init(gd_keys(k_fit)[0])
-            k1, k2 = jax.random.split(jax.random.fold_in(key, 7))
+            k1, k2, k3 = jax.random.split(jax.random.fold_in(key, 7), 3)
+
+            def score_norm(x):
+                score = lambda p: problem.scores(p, x[None])[0]  # noqa: E731
+                return theory.hessian_spectral_norm(score, params, k3, iterations)
+
             return {
+                "score_hessian_norm": jnp.mean(jax.vmap(score_norm)(problem.X[:n_scores])),
                 "hessian_norm": theory.hessian_spectral_norm(problem.loss, params, k1, iterations),
                 "weak_convexity": theory.weak_convexity_ratio(problem.loss, params, k2, iterations),
             }

@@ -122,7 +122,7 @@ def row_matches(
     return best, best_dist, other - best_dist
 
 
-def _scale(S: Float[Array, "dim dim"]) -> Float[Array, ""]:
+def row_scale(S: Float[Array, "dim dim"]) -> Float[Array, ""]:
     """Typical size of a row x_bᵀS for ±1 tokens: √dim·‖S‖₂."""
     return math.sqrt(S.shape[0]) * jnp.linalg.norm(S, ord=2)
 
@@ -158,7 +158,7 @@ def trimmed_residual(X, Y, S, share) -> Float[Array, ""]:
     """Mean residual of the best-matching ``share`` of rows, relative to √dim·‖S‖₂."""
     _, res, _ = row_matches(X, Y, S)
     keep = res <= jnp.quantile(res, share)
-    return jnp.sum(jnp.where(keep, res, 0.0)) / jnp.maximum(jnp.sum(keep), 1) / _scale(S)
+    return jnp.sum(jnp.where(keep, res, 0.0)) / jnp.maximum(jnp.sum(keep), 1) / row_scale(S)
 
 
 def refine_sum_w_restarts(
@@ -193,7 +193,7 @@ def certify(
     """Rows whose output is x_bᵀS within ``certify_tol``·scale, with a gap of at least
     ``certify_gap``·scale to every other token value (scale = √dim·‖S‖₂)."""
     best, res, gap = row_matches(X, Y, S)
-    scale = _scale(S)
+    scale = row_scale(S)
     ok = (res <= config.certify_tol * scale) & (gap >= config.certify_gap * scale)
     return Certificate(certified=ok, token=best)
 
