@@ -35,3 +35,13 @@ def test_readme_has_the_two_commands():
     text = README.read_text()
     assert "mhalearn run" in text
     assert re.search(r'pip install -e "\.\[test\]" && .*pytest', text)
+
+
+def test_readme_figures_exist_and_every_notebook_is_shown():
+    root = README.parent
+    text = README.read_text()
+    shown = re.findall(r"\(docs/figures/([\w.]+\.png)\)", text)
+    assert shown and all((root / "docs" / "figures" / name).is_file() for name in shown)
+    for notebook in sorted((root / "notebooks").glob("[0-9][0-9]_*.ipynb")):
+        assert f"`{notebook.stem}`" in text, notebook.stem
+        assert any(name.startswith(notebook.stem[:3]) for name in shown), notebook.stem
