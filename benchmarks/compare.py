@@ -121,7 +121,7 @@ def torch_loss(theta, W, X, Y):
 
 def run_torch_loop(shape: dict, steps: int, data):
     torch = _torch()
-    X, Y, theta0, W0 = (torch.from_numpy(a) for a in data)
+    X, Y, theta0, W0 = (torch.from_numpy(np.array(a)) for a in data)
     tic = time.perf_counter()
     for b in range(shape["instances"]):
         theta = theta0[b].clone().requires_grad_(True)
@@ -139,7 +139,7 @@ def run_torch_vmap(shape: dict, steps: int, data):
     torch = _torch()
     from torch.func import grad, vmap
 
-    X, Y, theta, W = (torch.from_numpy(a) for a in data)
+    X, Y, theta, W = (torch.from_numpy(np.array(a)) for a in data)
     grads = vmap(grad(torch_loss, argnums=(0, 1)))
     tic = time.perf_counter()
     for _ in range(steps):

@@ -58,7 +58,7 @@ def split_cpu(count: int | None = None) -> int:
     ``count`` times longer, the steady state up to ``count`` times less. Results are unchanged
     (every device runs the same single-device program). Call it before JAX first uses a
     device; returns ``count``."""
-    count = positive_int("count", count or os.cpu_count() or 1)
+    count = positive_int("cpu_devices", (os.cpu_count() or 1) if count is None else count)
     try:
         jax.config.update("jax_num_cpu_devices", count)
     except RuntimeError as err:

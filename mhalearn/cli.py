@@ -108,11 +108,11 @@ def run(cfg: Run) -> Path:
     if cfg.compilation_cache is not None:
         enable_compilation_cache(cfg.compilation_cache)
     study = cfg.study
+    progress = not cfg.quiet and sys.stderr.isatty()
+    engine = Engine(chunk_size=cfg.chunk_size, devices=cfg.devices, progress=progress)
     store = Store(
         cfg.out / study.name, {**study.config(), "precision": cfg.precision}, cfg.overwrite
     )
-    progress = not cfg.quiet and sys.stderr.isatty()
-    engine = Engine(chunk_size=cfg.chunk_size, devices=cfg.devices, progress=progress)
     tic = time.perf_counter()
     ds = run_study(study, store, engine, quiet=cfg.quiet)
     figure = store.folder / "figure.png"

@@ -50,6 +50,19 @@ def _quiet():
         yield
 
 
+def _median(da) -> np.ndarray:
+    """Median over ``instance`` (NaN-aware), as an array over the other dims."""
+    with _quiet():
+        return np.nanmedian(da.transpose(..., "instance").values, axis=-1)
+
+
+def _loglog(axes) -> None:
+    for ax in axes:
+        ax.set_xscale("log")
+        _positive(ax)
+        ax.legend(fontsize="small")
+
+
 def _finish(fig, title: str):
     fig.suptitle(title)
     fig.tight_layout()
@@ -146,25 +159,17 @@ def stepsize(ds):
     fig, axes = _figure(1, 3)
     h = ds["heads"].values
     band(axes[0, 0], ds["largest_stable_lr"], "heads", label="largest stable η")
-    with _quiet():
-        norm = np.nanmedian(ds["hessian_norm"].values, axis=-1)
+    norm = _median(ds["hessian_norm"])
     axes[0, 0].plot(h, 2 / norm, "s--", label="2 / ‖∇²L̂(θ₀)‖")
     axes[0, 0].set(xlabel=LABELS["heads"], ylabel="step size η")
     band(axes[0, 1], ds["hessian_norm"], "heads", label="‖∇²L̂(θ₀)‖ (loss)")
     band(axes[0, 1], ds["score_hessian_norm"], "heads", label="‖∇²Φ(X; θ₀)‖ (score, mean)")
-    with _quiet():
-        score = np.nanmedian(ds["score_hessian_norm"].values, axis=-1)
-    _guide(axes[0, 1], h, float(score[0]), -0.5, "∝ 1/√H")
+    _guide(axes[0, 1], h, float(_median(ds["score_hessian_norm"])[0]), -0.5, "∝ 1/√H")
     axes[0, 1].set(xlabel=LABELS["heads"], ylabel="Hessian spectral norm at init")
     band(axes[0, 2], ds["weak_convexity"], "heads", label="−λ_min(∇²L̂)/L̂")
-    with _quiet():
-        wc = np.nanmedian(ds["weak_convexity"].values, axis=-1)
-    _guide(axes[0, 2], h, float(np.abs(wc[0])), -0.5, "∝ 1/√H")
+    _guide(axes[0, 2], h, float(np.abs(_median(ds["weak_convexity"])[0])), -0.5, "∝ 1/√H")
     axes[0, 2].set(xlabel=LABELS["heads"], ylabel="weak-convexity ratio at init")
-    for ax in axes[0]:
-        ax.set_xscale("log")
-        _positive(ax)
-        ax.legend(fontsize="small")
+    _loglog(axes[0])
     return _finish(fig, "Curvature and step size vs heads")
 
 
@@ -179,15 +184,11 @@ def samples(ds):
         band(axes[0, 1], one["gap"], "samples", label=f"gap, H = {h}")
         color = axes[0, 1].get_lines()[-1].get_color()
         band(axes[0, 1], one["stability_proxy"], "samples", color=color, linestyle="--")
-    with _quiet():
-        first = float(np.nanmedian(ds["test_loss"].isel(samples=0).values))
+    first = float(np.nanmedian(_median(ds["test_loss"].isel(samples=0))))
     _guide(axes[0, 0], n, first, -1.0, "∝ 1/n")
     axes[0, 0].set(xlabel=LABELS["samples"], ylabel="test logistic loss")
     axes[0, 1].set(xlabel=LABELS["samples"], ylabel="gap (—) and (η/n)Σ_t L̂(θ_t) (--)")
-    for ax in axes[0]:
-        ax.set_xscale("log")
-        _positive(ax)
-        ax.legend(fontsize="small")
+    _loglog(axes[0])
     return _finish(fig, "Generalisation vs samples")
 
 

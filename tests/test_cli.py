@@ -85,6 +85,8 @@ def test_bench_refuses_unknown_names():
         (["run", "regimes", "--heads", "many"], "'many'"),
         (["run", "--bogus"], "Unrecognized options: --bogus"),
         (["plot", "nowhere.nc"], "no results file at nowhere.nc"),
+        (["run", "regimes", "--cpu-devices", "0"], "cpu_devices must be an integer >= 1"),
+        (["run", "regimes", "--chunk-size", "0"], "chunk_size must be an integer >= 1"),
     ],
 )
 def test_bad_arguments_are_one_line_and_exit_2(args, fragment):

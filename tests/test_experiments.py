@@ -188,6 +188,10 @@ def test_in_memory_run_equals_the_stored_one(tiny_results):
         (lambda: Recovery(family="two_tokens"), "needs tokens == 2"),
         (lambda: Regimes(instances=0), "instances must be an integer >= 1"),
         (lambda: STUDIES["heads"](noise=(-1.0,)), "noise"),
+        (lambda: STUDIES["heads"](lr=(0.0, 1.0)), r"lr must lie in \(0.0"),
+        (lambda: Regimes(delta=0.9), "delta must lie in"),
+        (lambda: Regimes(seed=-1), "seed must lie in"),
+        (lambda: STUDIES["margin"](svm_iterations=0), "svm_iterations must be an integer >= 1"),
     ],
 )
 def test_invalid_specs_raise_clear_errors(make, fragment):

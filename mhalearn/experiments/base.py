@@ -25,7 +25,8 @@ from typing import Any, ClassVar
 import jax
 import numpy as np
 
-from mhalearn._validate import positive_int
+from mhalearn._validate import in_range, positive_int
+from mhalearn.batch import map_instances
 from mhalearn.simulate import Results, to_jsonable
 
 
@@ -37,8 +38,19 @@ class Engine:
     devices: int | None = None
     progress: bool = False
 
+    def __post_init__(self):
+        for name in ("chunk_size", "devices"):
+            if getattr(self, name) is not None:
+                positive_int(name, getattr(self, name))
+
     def simulate_kwargs(self) -> dict[str, Any]:
         return {"chunk_size": self.chunk_size, "devices": self.devices, "progress": self.progress}
+
+    def map(self, fn, key: jax.Array, key_ids: np.ndarray, per_instance=None, shared=None):
+        """:func:`~mhalearn.batch.map_instances` over ``len(key_ids)`` instances."""
+        return map_instances(
+            fn, key, len(key_ids), per_instance, shared, key_ids=key_ids, **self.simulate_kwargs()
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,13 +64,21 @@ class Study:
     headline: ClassVar[str]  # the variable :meth:`summarize` reports
 
     def __post_init__(self):
-        positive_int("instances", self.instances)
+        """Checks every field before any work: grids are non-empty and distinct, integers
+        (sizes, counts) >= 1 except ``seed`` >= 0, numbers finite and >= 0 (each study adds
+        its stricter checks)."""
+        in_range("seed", self.seed, 0)
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if isinstance(value, tuple) and not value:
                 raise ValueError(f"{f.name}: expected at least one value, received none")
             if isinstance(value, tuple) and len(set(value)) != len(value):
                 raise ValueError(f"{f.name}: values must be distinct, received {value}")
+            for v in value if isinstance(value, tuple) else (value,):
+                if f.name != "seed" and isinstance(v, int) and not isinstance(v, bool):
+                    positive_int(f.name, v)
+                elif isinstance(v, float):
+                    in_range(f.name, v, 0.0)
 
     def cells(self) -> list[dict[str, Any]]:
         """The static grid: one dict (static axis → value) per compiled cell."""

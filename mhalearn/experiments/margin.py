@@ -8,7 +8,6 @@ from typing import Any, Literal
 import jax
 import numpy as np
 
-from mhalearn.batch import map_instances
 from mhalearn.experiments.base import Engine, grid_dataset, product_grid
 from mhalearn.experiments.classifier import ClassifierStudy
 from mhalearn.metrics import theory
@@ -62,15 +61,5 @@ class Margin(ClassifierStudy):
             m = theory.svm_margin(theory.ntk_gram(features["all"]), problem.y, iterations)
             return {"margin": m.margin, "separable": m.separable}
 
-        out = map_instances(
-            one,
-            key,
-            len(key_ids),
-            per,
-            task,
-            key_ids=key_ids,
-            chunk_size=engine.chunk_size,
-            devices=engine.devices,
-            progress=engine.progress,
-        )
+        out = engine.map(one, key, key_ids, per, task)
         return grid_dataset(out, axes, self.instances)

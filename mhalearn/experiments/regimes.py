@@ -10,7 +10,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from mhalearn.batch import map_instances
+from mhalearn._validate import in_range
 from mhalearn.data import TokenDistribution
 from mhalearn.experiments.base import Engine, Study, grid_dataset, product_grid
 from mhalearn.teachers import Family, TeacherSpec, sample_teacher_with_info, teacher_diagnostics
@@ -42,6 +42,7 @@ class Regimes(Study):
 
     def __post_init__(self):
         super().__post_init__()
+        in_range("delta", self.delta, 0.0, 0.5, open_low=True)
         for h in self.heads:
             for t in self.tokens:
                 for b in self.beta:
@@ -84,15 +85,5 @@ class Regimes(Study):
             }
 
         beta = jnp.asarray(values["beta"], jnp.result_type(float))
-        out = map_instances(
-            one,
-            key,
-            len(key_ids),
-            beta,
-            spec,
-            key_ids=key_ids,
-            chunk_size=engine.chunk_size,
-            devices=engine.devices,
-            progress=engine.progress,
-        )
+        out = engine.map(one, key, key_ids, beta, spec)
         return grid_dataset(out, axes, self.instances)

@@ -9,7 +9,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mhalearn.batch import map_instances
 from mhalearn.experiments.base import Engine, grid_dataset, product_grid
 from mhalearn.experiments.classifier import ClassifierStudy, as_float
 from mhalearn.learners.gd import gd_keys
@@ -93,15 +92,5 @@ class StepSize(ClassifierStudy):
                 "weak_convexity": theory.weak_convexity_ratio(problem.loss, params, k2, iterations),
             }
 
-        out = map_instances(
-            one,
-            key,
-            len(key_ids),
-            values["heads"],
-            task,
-            key_ids=key_ids,
-            chunk_size=engine.chunk_size,
-            devices=engine.devices,
-            progress=engine.progress,
-        )
+        out = engine.map(one, key, key_ids, values["heads"], task)
         return grid_dataset(out, axes, self.instances)
