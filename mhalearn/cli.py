@@ -48,7 +48,8 @@ class Run:
     study: StudyChoice = STUDIES[DEFAULT]()  # noqa: RUF009 (frozen, immutable)
     out: Path = Path("results")
     """Results go to OUT/STUDY/."""
-    precision: Literal["float32", "float64"] = "float32"
+    precision: Literal["float32", "float64"] | None = None
+    """Default: the study's own (float64 for recovery, whose solvers need it; else float32)."""
     chunk_size: int | None = None
     """Instances per compiled call (bounds memory); results do not depend on it."""
     devices: int | None = None
@@ -99,7 +100,9 @@ def run(cfg: Run) -> Path:
     if cfg.cpu_devices is not None:
         split_cpu(cfg.cpu_devices)
 
-    if cfg.precision == "float64":
+    study = cfg.study
+    precision = cfg.precision or study.precision
+    if precision == "float64":
         jax.config.update("jax_enable_x64", True)
     from mhalearn import enable_compilation_cache, plots
     from mhalearn.experiments import Engine, run_study
@@ -107,12 +110,9 @@ def run(cfg: Run) -> Path:
 
     if cfg.compilation_cache is not None:
         enable_compilation_cache(cfg.compilation_cache)
-    study = cfg.study
     progress = not cfg.quiet and sys.stderr.isatty()
     engine = Engine(chunk_size=cfg.chunk_size, devices=cfg.devices, progress=progress)
-    store = Store(
-        cfg.out / study.name, {**study.config(), "precision": cfg.precision}, cfg.overwrite
-    )
+    store = Store(cfg.out / study.name, {**study.config(), "precision": precision}, cfg.overwrite)
     tic = time.perf_counter()
     ds = run_study(study, store, engine, quiet=cfg.quiet)
     figure = store.folder / "figure.png"

@@ -95,3 +95,14 @@ def test_bad_arguments_are_one_line_and_exit_2(args, fragment):
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("mhalearn: error: "), out.stderr
     assert fragment in out.stderr and "Traceback" not in out.stderr
+
+
+def test_each_study_brings_its_precision_unless_told(tmp_path):
+    tiny = ["run", "recovery", "--learner", "uniform", "--samples", "20", "--heads", "1",
+            "--dim", "3", "--tokens", "2", "--instances", "2", "--quiet"]  # fmt: skip
+    out = mhalearn(*tiny, "--out", str(tmp_path / "a"))
+    assert out.returncode == 0, out.stderr
+    assert load(tmp_path / "a" / "recovery" / "results.nc").attrs["precision"] == "float64"
+    out = mhalearn(*tiny, "--precision", "float32", "--out", str(tmp_path / "b"))
+    assert out.returncode == 0, out.stderr
+    assert load(tmp_path / "b" / "recovery" / "results.nc").attrs["precision"] == "float32"

@@ -62,6 +62,7 @@ class Study:
     summary: ClassVar[str]
     static_axes: ClassVar[tuple[str, ...]]
     headline: ClassVar[str]  # the variable :meth:`summarize` reports
+    precision: ClassVar[str] = "float32"  # what the command runs it in unless told otherwise
 
     def __post_init__(self):
         """Checks every field before any work: grids are non-empty and distinct, integers

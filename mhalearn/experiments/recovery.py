@@ -42,6 +42,7 @@ class Recovery(Study):
     summary = "Chen–Li teachers recovered by each learner: learner × samples × heads"
     static_axes = ("learner", "samples", "heads")
     headline = "success"
+    precision = "float64"  # variable projection and the pipeline need it (NaN in float32)
 
     learner: tuple[Learner, ...] = ("adam", "varpro", "chen_li", "uniform")
     samples: tuple[int, ...] = (100, 400)
