@@ -10,10 +10,10 @@ Chen–Li teachers, at the standard shape (heads 4, dim 16, tokens 8, samples 51
 (2, 8, 4, 256, B 64) and (4, 64, 16, 256, B 16). Implementations:
 
 - ``mhalearn``: ``mh.simulate`` with ``GDConfig(optimizer="gd")`` — its timed run also draws
-  every teacher and data set and scores every fit, so it does more than the others. The CPU is
-  split into one device per core (``mh.split_cpu``, ``--cpu-devices``) so that the engine runs
-  one instance program per core; a second ``mhalearn`` row (``engine_devices`` 1) shows the
-  engine on one device. The other implementations run as they are, on the same cores;
+  every teacher and data set and scores every fit, so it does more than the others. With
+  ``--cpu-devices N`` the CPU is split into N devices (``mh.split_cpu``) and the engine runs
+  one instance program per device, plus a reference row on one device (``engine_devices`` 1).
+  Every implementation runs on the same cores;
 - ``jax_naive``: ``jit(vmap(scan(step)))`` of an einsum formulation of the loss, ``jax.grad``;
 - ``torch_loop``: PyTorch, one instance after another, autograd and an in-place update;
 - ``torch_vmap``: ``torch.func.vmap(torch.func.grad(loss))`` over the instances, per step;
@@ -208,7 +208,7 @@ def main() -> None:
     p.add_argument("--compilation-cache", default=None, help="persistent XLA cache folder")
     p.add_argument("--impls", nargs="*", default=list(IMPLS), choices=list(IMPLS))
     p.add_argument(
-        "--cpu-devices", type=int, default=None, help="split the CPU (default: one per core)"
+        "--cpu-devices", type=int, default=1, help="split the CPU into this many devices"
     )
     args = p.parse_args()
     cpu_devices = mh.split_cpu(args.cpu_devices)  # before JAX touches a device

@@ -168,6 +168,9 @@ def map_instances(
         def one(i, p):
             return fn(jax.random.fold_in(root, i), p, everything)
 
+        if width == 1:  # no batch axis of size 1 through the program: plain kernels
+            out = one(ids[0], jax.tree.map(lambda a: a[0], per))
+            return jax.tree.map(lambda a: jnp.expand_dims(a, 0), out)
         return jax.vmap(one)(ids, per)
 
     # The compiled unit is one group of `width` instances on one device: the same
