@@ -84,12 +84,16 @@ class Results:
     attrs: dict[str, Any]
     params: Any = None  # fitted parameters, when asked for
 
+    def arrays(self) -> dict[str, np.ndarray]:
+        """Metrics, status and the trace (as ``trace_*``), by name, instance axis first."""
+        return {**self.metrics, **self.status, **{f"trace_{k}": v for k, v in self.trace.items()}}
+
     def to_xarray(self):
         """The results as an ``xarray.Dataset`` (dims ``instance`` and ``step``)."""
         import xarray as xr
 
-        data = {k: ("instance", v) for k, v in {**self.metrics, **self.status}.items()}
-        data.update({f"trace_{k}": (("instance", "step"), v) for k, v in self.trace.items()})
+        dims = {1: ("instance",), 2: ("instance", "step")}
+        data = {k: (dims[np.ndim(v)], v) for k, v in self.arrays().items()}
         coords = {
             "instance": np.arange(len(self.key_ids)),
             "step": self.trace_steps,

@@ -150,8 +150,7 @@ def grid_dataset(
 def results_dataset(res: Results, axes: dict[str, Sequence[Any]], instances: int):
     """:func:`grid_dataset` of a :func:`~mhalearn.simulate` run (metrics, status and the trace
     as ``trace_*`` over ``step``)."""
-    arrays = {**res.metrics, **res.status, **{f"trace_{k}": v for k, v in res.trace.items()}}
-    return grid_dataset(arrays, axes, instances, res.trace_steps)
+    return grid_dataset(res.arrays(), axes, instances, res.trace_steps)
 
 
 def attributes(study: Study) -> dict[str, Any]:
