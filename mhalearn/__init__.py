@@ -14,6 +14,7 @@ from mhalearn.data import (
     sample_tokens,
     tokenized_mixture,
 )
+from mhalearn.fused import layer_outputs, squared_loss_and_grad
 from mhalearn.kernels import (
     ClassifierSpec,
     attention_weights,
@@ -82,6 +83,7 @@ __all__ = [
     "gaussian_tokens",
     "head_features",
     "head_scale",
+    "layer_outputs",
     "map_instances",
     "match_heads",
     "mha",
@@ -94,6 +96,7 @@ __all__ = [
     "sample_tokens",
     "simulate",
     "split_cpu",
+    "squared_loss_and_grad",
     "teacher_diagnostics",
     "tokenized_mixture",
 ]

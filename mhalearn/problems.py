@@ -4,6 +4,8 @@ A problem is what every learner takes (``fit(key, problem, config)``). It knows:
 
 - ``init(key)``: the student's starting parameters;
 - ``loss(params, idx=None)``: the training loss on all samples, or on the samples ``idx``;
+- ``loss_and_grad(params, idx=None)``: that loss and its gradient (gradient learners call
+  it; the regression problem's is derived by hand, :mod:`mhalearn.fused`);
 - ``samples``: the training-set size.
 
 Numbers (init scales) are PyTree leaves; structure (student heads, model spec) is static.
@@ -19,7 +21,8 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
 from mhalearn._validate import check_shapes, positive_int
-from mhalearn.kernels import ClassifierSpec, classifier_score, mha
+from mhalearn.fused import layer_outputs, squared_loss_and_grad
+from mhalearn.kernels import ClassifierSpec, classifier_score
 from mhalearn.losses import logistic_loss, squared_loss
 from mhalearn.params import ClassifierParams, LayerParams
 
@@ -28,7 +31,7 @@ def predict_layer(
     params: LayerParams, X: Float[Array, "n tokens dim"]
 ) -> Float[Array, "n tokens dim"]:
     """The Chen–Li layer ``params`` applied to each of ``n`` sequences."""
-    return jax.vmap(mha, in_axes=(0, None, None))(X, params.theta, params.W)
+    return layer_outputs(X, params.theta, params.W)
 
 
 def _take(a: Array, idx: Int[Array, " batch"] | None) -> Array:
@@ -71,6 +74,14 @@ class RegressionProblem(eqx.Module):
         self, params: LayerParams, idx: Int[Array, " batch"] | None = None
     ) -> Float[Array, ""]:
         return squared_loss(predict_layer(params, _take(self.X, idx)), _take(self.Y, idx))
+
+    def loss_and_grad(
+        self, params: LayerParams, idx: Int[Array, " batch"] | None = None
+    ) -> tuple[Float[Array, ""], LayerParams]:
+        loss, (g_theta, g_W) = squared_loss_and_grad(
+            _take(self.X, idx), _take(self.Y, idx), params.theta, params.W
+        )
+        return loss, LayerParams(theta=g_theta, W=g_W)
 
 
 class ClassificationProblem(eqx.Module):
@@ -136,3 +147,8 @@ class ClassificationProblem(eqx.Module):
         self, params: ClassifierParams, idx: Int[Array, " batch"] | None = None
     ) -> Float[Array, ""]:
         return logistic_loss(self.scores(params, _take(self.X, idx)), _take(self.y, idx))
+
+    def loss_and_grad(
+        self, params: ClassifierParams, idx: Int[Array, " batch"] | None = None
+    ) -> tuple[Float[Array, ""], ClassifierParams]:
+        return jax.value_and_grad(self.loss)(params, idx)

@@ -1,7 +1,9 @@
 """Gradient-based learners: any optax optimiser inside ``lax`` loops, full batch or minibatch.
 
-``fit(key, problem, config, monitor=None) -> Fit`` fits one instance. Batch over instances
-with ``jax.vmap`` or, better, :func:`mhalearn.batch.map_instances`.
+``fit(key, problem, config, monitor=None) -> Fit`` fits one instance; each step takes the
+loss and gradient from ``problem.loss_and_grad`` (for the Chen–Li layer, the hand-derived
+kernel of :mod:`mhalearn.fused`). Batch over instances with ``jax.vmap`` or, better,
+:func:`mhalearn.batch.map_instances`.
 
 - Per-instance numbers (``lr``, ``momentum``, ``tol``) are PyTree leaves of :class:`GDConfig`,
   so a sweep over them is one compilation.
@@ -139,7 +141,7 @@ def fit(
 
     def step(carry):
         i, params, opt_state, status, t, loss_sum = carry
-        loss, grads = jax.value_and_grad(problem.loss)(params, minibatch(t))
+        loss, grads = problem.loss_and_grad(params, minibatch(t))
         updates, new_state = opt.update(grads, opt_state, params)
         new_params = optax.apply_updates(params, updates)
         finite = jnp.isfinite(loss) & _all_finite(new_params)

@@ -1,0 +1,123 @@
+"""The optimised whole-training-set kernels (mhalearn.fused) equal the reference kernels:
+``kernels.mha`` mapped over samples and differentiated by ``jax.value_and_grad``, and the
+float64 loop reference; values and gradients, float32 and float64."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import mhalearn as mh
+from mhalearn.fused import layer_outputs, squared_loss_and_grad
+from tests import reference as ref
+
+# (samples, heads, tokens, dim): odd and mutually distinct so a transposed axis cannot pass.
+SIZES = [(5, 3, 4, 7), (2, 1, 2, 3), (3, 4, 3, 5), (4, 2, 7, 3), (1, 5, 1, 4)]
+
+
+def draw(rng, n, heads, tokens, dim, dtype=np.float64, scale=0.5):
+    X = rng.standard_normal((n, tokens, dim))
+    Y = rng.standard_normal((n, tokens, dim))
+    theta = scale * rng.standard_normal((heads, dim, dim))
+    W = rng.standard_normal((heads, dim, dim)) / np.sqrt(dim)
+    return tuple(jnp.asarray(a, dtype) for a in (X, Y, theta, W))
+
+
+def reference_loss(X, Y, theta, W):
+    """The reference: the one-sequence kernel under vmap, mean squared error."""
+    pred = jax.vmap(mh.mha, in_axes=(0, None, None))(X, theta, W)
+    return jnp.mean((pred - Y) ** 2)
+
+
+@pytest.mark.parametrize("n,heads,tokens,dim", SIZES)
+def test_outputs_and_loss_match_loop_reference_float64(rng, n, heads, tokens, dim):
+    X, Y, theta, W = draw(rng, n, heads, tokens, dim)
+    loop = np.stack([ref.mha(x, theta, W) for x in X])
+    np.testing.assert_allclose(layer_outputs(X, theta, W), loop, rtol=0, atol=1e-12)
+    loss, _ = squared_loss_and_grad(X, Y, theta, W)
+    np.testing.assert_allclose(loss, np.mean((loop - np.asarray(Y)) ** 2), rtol=1e-12)
+
+
+@pytest.mark.parametrize("n,heads,tokens,dim", SIZES)
+def test_value_and_grad_equal_autodiff_of_reference_float64(rng, n, heads, tokens, dim):
+    X, Y, theta, W = draw(rng, n, heads, tokens, dim)
+    loss, (g_theta, g_W) = jax.jit(squared_loss_and_grad)(X, Y, theta, W)
+    ref_loss, (r_theta, r_W) = jax.value_and_grad(reference_loss, argnums=(2, 3))(X, Y, theta, W)
+    assert g_theta.dtype == g_W.dtype == jnp.float64
+    np.testing.assert_allclose(loss, ref_loss, rtol=1e-12)
+    np.testing.assert_allclose(g_theta, r_theta, rtol=1e-10, atol=1e-13)
+    np.testing.assert_allclose(g_W, r_W, rtol=1e-10, atol=1e-13)
+
+
+@pytest.mark.parametrize("n,heads,tokens,dim", SIZES)
+def test_float32_within_float32_tolerance_of_float64(rng, n, heads, tokens, dim):
+    args32 = draw(rng, n, heads, tokens, dim, np.float32)
+    args64 = tuple(a.astype(jnp.float64) for a in args32)  # the same numbers
+    loss, grads = jax.jit(squared_loss_and_grad)(*args32)
+    ref_loss, ref_grads = jax.value_and_grad(reference_loss, argnums=(2, 3))(*args64)
+    assert loss.dtype == jnp.float32 and all(g.dtype == jnp.float32 for g in grads)
+    np.testing.assert_allclose(loss, ref_loss, rtol=2e-5)
+    scale = max(float(jnp.max(jnp.abs(r))) for r in ref_grads)  # (the θ-gradient may be 0)
+    for g, r in zip(grads, ref_grads, strict=True):
+        np.testing.assert_allclose(g, r, rtol=1e-4, atol=2e-5 * scale)
+    out = layer_outputs(*args32[:1], *args32[2:])
+    expected = jax.vmap(mh.mha, in_axes=(0, None, None))(args64[0], *args64[2:])
+    np.testing.assert_allclose(out, expected, rtol=2e-5, atol=2e-5)
+
+
+def test_gradient_matches_finite_differences_of_loop_reference(rng):
+    """Independent of autodiff: central differences of the float64 loop reference."""
+    X, Y, theta, W = (np.asarray(a) for a in draw(rng, 2, 2, 3, 3))
+
+    def loop_loss(theta, W):
+        return np.mean([(ref.mha(x, theta, W) - y) ** 2 for x, y in zip(X, Y, strict=True)])
+
+    _, (g_theta, g_W) = squared_loss_and_grad(*map(jnp.asarray, (X, Y, theta, W)))
+    eps = 1e-6
+    for which, grad in ((0, g_theta), (1, g_W)):
+        for idx in np.ndindex(theta.shape):
+            params = [theta.copy(), W.copy()]
+            params[which][idx] += eps
+            up = loop_loss(*params)
+            params[which][idx] -= 2 * eps
+            down = loop_loss(*params)
+            np.testing.assert_allclose(grad[idx], (up - down) / (2 * eps), rtol=1e-6, atol=1e-9)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_huge_scores_give_finite_values_and_gradients(rng, dtype):
+    X, Y, theta, W = draw(rng, 3, 2, 5, 3, dtype, scale=1e4)
+    loss, grads = squared_loss_and_grad(X, Y, theta, W)
+    assert np.isfinite(loss) and all(np.all(np.isfinite(g)) for g in grads)
+
+
+def test_problem_loss_and_grad_equals_autodiff_of_its_loss_with_minibatch(rng):
+    X, Y, theta, W = draw(rng, 6, 3, 4, 5)
+    problem = mh.RegressionProblem(X=X, Y=Y, heads=3)
+    params = mh.LayerParams(theta=theta, W=W)
+    for idx in (None, jnp.array([4, 0, 2])):
+        loss, grads = eqx.filter_jit(problem.loss_and_grad)(params, idx)
+        ref_loss, ref_grads = jax.value_and_grad(problem.loss)(params, idx)
+        np.testing.assert_allclose(loss, ref_loss, rtol=1e-12)
+        for g, r in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads), strict=True):
+            np.testing.assert_allclose(g, r, rtol=1e-10, atol=1e-13)
+
+
+def test_vmap_over_instances_equals_python_loop(rng):
+    stacks = [draw(rng, 4, 2, 3, 5) for _ in range(3)]
+    batched = jax.vmap(squared_loss_and_grad)(*(jnp.stack(a) for a in zip(*stacks, strict=True)))
+    for i, args in enumerate(stacks):
+        one = squared_loss_and_grad(*args)
+        for b, o in zip(jax.tree.leaves(batched), jax.tree.leaves(one), strict=True):
+            np.testing.assert_allclose(b[i], o, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize(
+    "X_shape,Y_shape,fragment",
+    [((4, 3, 5), (4, 3, 4), "Y"), ((3, 5), (3, 5), "X"), ((4, 3, 6), (4, 3, 6), "dim")],
+)
+def test_bad_shapes_raise_value_error(rng, X_shape, Y_shape, fragment):
+    theta = jnp.zeros((2, 5, 5))
+    with pytest.raises(ValueError, match=fragment):
+        squared_loss_and_grad(jnp.zeros(X_shape), jnp.zeros(Y_shape), theta, theta)
