@@ -10,15 +10,20 @@
   (the last chunk is padded, so there is one compilation). Everything an instance needs is
   generated inside ``fn`` from its key, so peak memory is set by the chunk, not by the number
   of instances; results are gathered on the host chunk by chunk.
-- **Devices and hosts.** Each chunk's instance axis is sharded over a 1-D mesh of the chosen
-  devices with ``jax.shard_map``; after ``jax.distributed.initialize`` the mesh spans every
-  process's devices and each process receives the full results.
+- **Devices and hosts.** A chunk is split into equal blocks, one per chosen device, and the
+  results form one Array sharded over a 1-D mesh of those devices; after
+  ``jax.distributed.initialize`` the mesh spans every process's devices and each process
+  receives the full results. On a CPU split into one device per core (:func:`split_cpu`)
+  the cores run instance programs side by side.
 - **Vector width.** The compiled unit is a group of ``vector_width`` instances, vmapped, on
   one device (a group of one is not vmapped at all: a size-1 batch axis through the program
-  made XLA:CPU's kernels ~30% slower); a chunk's groups are dispatched asynchronously. The
-  width is fixed, not derived from the chunk or the device count, so every instance is
-  computed by the same program and results are bitwise identical for every chunk size and
-  device count.
+  made XLA:CPU's kernels ~30% slower). Groups are dispatched asynchronously, round robin over
+  the devices (one device's groups first left the others idle: 1062 against 1656
+  instance-steps/s on two CPU devices). The width is fixed, not derived from the chunk or
+  the device count, so every instance is computed by the same program and results are
+  bitwise identical for every chunk size and device count.
+- **Compiler options.** Instance programs are compiled with :func:`compiler_options` (on CPU:
+  matrix products through the YNNPACK library) unless ``options`` says otherwise.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from __future__ import annotations
 import math
 import os
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -84,6 +90,33 @@ def default_vector_width(devices: Sequence[jax.Device]) -> int:
     return 1 if devices[0].platform == "cpu" else 32
 
 
+# XLA:CPU hands matrix products to the YNNPACK library when this (experimental) option is
+# set: 25–35% more instance-steps/s at the benchmark shapes (benchmarks/compare.py).
+_CPU_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"}
+
+
+def compiler_options(devices: Sequence[jax.Device]) -> dict[str, str]:
+    """The XLA options instance programs are compiled with: on CPU, matrix products through
+    YNNPACK; elsewhere XLA's defaults."""
+    return dict(_CPU_OPTIONS) if devices[0].platform == "cpu" else {}
+
+
+def _compile(fn: Callable, args: tuple, options: dict) -> Any:
+    lowered = jax.jit(fn).lower(*args)
+    try:
+        return lowered.compile(compiler_options=options or None)
+    except jax.errors.JaxRuntimeError as err:
+        unknown = [k for k in options if k in str(err)]
+        if not unknown:
+            raise
+        warnings.warn(  # an XLA that no longer knows the option: its defaults, not a failure
+            f"XLA rejected the compiler option(s) {unknown} ({err}); compiling without them",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return lowered.compile()
+
+
 def _host(x: jax.Array) -> np.ndarray:
     if jax.process_count() > 1:
         from jax.experimental import multihost_utils
@@ -113,6 +146,7 @@ def map_instances(
     chunk_size: int | None = None,
     devices: int | Sequence[jax.Device] | None = None,
     vector_width: int | None = None,
+    options: dict[str, str | bool | int] | None = None,
     progress: bool = False,
     stats: dict | None = None,
 ) -> PyTree:
@@ -123,6 +157,9 @@ def map_instances(
     ``instances`` (instance i sees slice i). ``shared``: a PyTree given whole to every
     instance; its array-like leaves are traced arguments (new values do not recompile), other
     leaves are static.
+
+    ``options``: XLA compiler options for the instance program (default
+    :func:`compiler_options`; ``{}`` compiles with XLA's defaults).
 
     ``stats``, when a dict is given, receives ``compile_seconds`` (ahead-of-time compilation,
     all devices) and ``run_seconds`` (everything after it, results on the host included).
@@ -188,7 +225,8 @@ def map_instances(
 
     tic = time.perf_counter()
     first = np.zeros(width, dtype=np.int64)  # rows of the first group, to compile
-    run_group = {d: jax.jit(instance_group).lower(*group_args(first, d)).compile() for d in mine}
+    options = compiler_options(devs) if options is None else options
+    run_group = {d: _compile(instance_group, group_args(first, d), options) for d in mine}
     toc = time.perf_counter()
 
     starts = range(0, instances, chunk)
@@ -196,13 +234,12 @@ def map_instances(
     pieces = []
     for start in starts:
         rows = np.minimum(np.arange(start, start + chunk), instances - 1)  # pad with the last
-        outs = []
-        for d in mine:
-            k = devs.index(d)
-            groups = []
-            for g in range(k * block, (k + 1) * block, width):
-                groups.append(run_group[d](*group_args(rows[g : g + width], d)))  # async
-            outs.append(groups[0] if len(groups) == 1 else _concatenate(groups))
+        groups = {d: [] for d in mine}
+        for g in range(0, block, width):  # round robin: every device is kept busy from the start
+            for d in mine:
+                lo = devs.index(d) * block + g
+                groups[d].append(run_group[d](*group_args(rows[lo : lo + width], d)))  # async
+        outs = [_stack_groups(gs, d) for d, gs in groups.items()]
         out = jax.tree.map(
             lambda *shards: jax.make_array_from_single_device_arrays(
                 (chunk, *shards[0].shape[1:]), split, list(shards)
@@ -221,9 +258,15 @@ def map_instances(
     return result
 
 
-@jax.jit
-def _concatenate(groups: list[PyTree]) -> PyTree:
-    return jax.tree.map(lambda *parts: jnp.concatenate(parts), *groups)
+def _stack_groups(groups: list[PyTree], device: jax.Device) -> PyTree:
+    """One device's groups as one block, through the host: outputs are small, and a compiled
+    concatenation would be compiled anew for every number of groups."""
+    if len(groups) == 1:
+        return groups[0]
+    return jax.tree.map(
+        lambda *parts: jax.device_put(np.concatenate([np.asarray(p) for p in parts]), device),
+        *groups,
+    )
 
 
 def _progress_bar(total: int, enabled: bool) -> Any:

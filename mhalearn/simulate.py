@@ -119,6 +119,7 @@ def simulate(
     chunk_size: int | None = None,
     devices: int | Sequence[jax.Device] | None = None,
     vector_width: int | None = None,
+    options: dict | None = None,
     keep_params: bool = False,
     progress: bool = False,
 ) -> Results:
@@ -127,7 +128,7 @@ def simulate(
     Instance i draws its problem, start and evaluation data from
     ``fold_in(key, key_ids[i])`` (``key_ids`` defaults to ``0 .. instances−1``; repeat ids to
     give several swept hyperparameters the same problems). See :func:`map_instances` for
-    ``chunk_size``, ``devices`` and ``vector_width``.
+    ``chunk_size``, ``devices``, ``vector_width`` and ``options`` (XLA compiler options).
     """
     instances = positive_int("instances", instances)
     key_ids = np.arange(instances) if key_ids is None else np.asarray(key_ids)
@@ -162,6 +163,7 @@ def simulate(
         chunk_size=chunk_size,
         devices=devs,
         vector_width=vector_width,
+        options=options,
         progress=progress,
         stats=timing,
     )

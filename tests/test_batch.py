@@ -148,3 +148,38 @@ def test_split_cpu_after_jax_started_is_a_clear_error():
     jax.devices()  # the backend is up
     with pytest.raises(ValueError, match="before JAX first uses a device"):
         mh.split_cpu(2)
+
+
+def _float32_fit(key, per, shared):
+    """A float32 fit whose matrix products are large enough for XLA:CPU's library paths."""
+    task = mh.RegressionTask(
+        teacher=mh.TeacherSpec(heads=4, dim=16, tokens=8), samples=256, test_samples=16
+    )
+    k_problem, k_fit = jax.random.split(key)
+    _, sampled = task.sample(k_problem)
+    X, Y = (a.astype(jnp.float32) for a in (sampled.X, sampled.Y))
+    problem = mh.RegressionProblem(X=X, Y=Y, heads=4)
+    fit = mh.GDConfig(optimizer="gd", steps=5, lr=0.05, snapshots=2).fit(k_fit, problem)
+    return {"loss": fit.trace.loss, **fit.params.__dict__}
+
+
+def test_compiler_options_change_speed_not_results():
+    options = mh.batch.compiler_options(jax.devices())
+    on_cpu = jax.devices()[0].platform == "cpu"
+    assert ("xla_cpu_experimental_ynn_fusion_type" in options) == on_cpu
+    tuned = mh.map_instances(_float32_fit, jax.random.key(1), 3)
+    plain = mh.map_instances(_float32_fit, jax.random.key(1), 3, options={})
+    assert tuned["loss"].dtype == np.float32
+    for name in tuned:
+        np.testing.assert_allclose(tuned[name], plain[name], rtol=1e-4, atol=1e-6, err_msg=name)
+
+
+def test_unknown_compiler_option_warns_and_compiles_without_it():
+    with pytest.warns(RuntimeWarning, match="xla_cpu_no_such_option"):
+        out = mh.map_instances(
+            lambda k, p, s: jnp.ones(2) * 3,
+            jax.random.key(0),
+            2,
+            options={"xla_cpu_no_such_option": True},
+        )
+    np.testing.assert_array_equal(out, 3.0)
