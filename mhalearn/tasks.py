@@ -67,12 +67,20 @@ class RegressionTask(eqx.Module):
     def _inputs(self, key: PRNGKeyArray, distribution: str, n: int) -> Float[Array, "n tokens dim"]:
         return sample_tokens(key, distribution, (n, self.teacher.tokens, self.teacher.dim))
 
+    def _noise(
+        self, key: PRNGKeyArray, truth: Float[Array, "n tokens dim"]
+    ) -> Float[Array, "n tokens dim"]:
+        """``label_noise·N(0, 1)``; not drawn at all when the level is 0 (it would add 0)."""
+        draw = lambda: self.label_noise * jax.random.normal(key, truth.shape, truth.dtype)  # noqa: E731
+        skip = lambda: jnp.zeros_like(truth)  # noqa: E731
+        return jax.lax.cond(jnp.asarray(self.label_noise) > 0, draw, skip)
+
     def sample(self, key: PRNGKeyArray) -> tuple[LayerParams, RegressionProblem]:
         k_teacher, k_x, k_noise = jax.random.split(key, 3)
         teacher, _ = sample_teacher_with_info(k_teacher, self.teacher)
         X = self._inputs(k_x, self.teacher.inputs, self.samples)
         truth = predict_layer(teacher, X)
-        Y = truth + self.label_noise * jax.random.normal(k_noise, truth.shape, truth.dtype)
+        Y = truth + self._noise(k_noise, truth)
         heads = self.student_heads or self.teacher.heads
         problem = RegressionProblem(
             X=X, Y=Y, heads=heads, theta_init=self.theta_init, w_init=self.w_init, teacher=teacher
