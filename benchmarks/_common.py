@@ -47,17 +47,29 @@ def peak_rss_mb() -> float:
 
 
 def append_rows(name: str, rows: list[dict]) -> Path:
-    """Append rows (with a timestamp) to ``benchmarks/results/NAME.csv``, header if new."""
+    """Append rows (with a timestamp) to ``benchmarks/results/NAME.csv``, header if new; a row
+    with columns the file lacks rewrites the file with the union of columns (old rows empty)."""
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / f"{name}.csv"
     stamp = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     rows = [{"timestamp": stamp, **row} for row in rows]
     fields = list(rows[0])
-    new = not path.exists()
-    with path.open("a", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=fields)
-        if new:
+    old: list[dict] = []
+    if path.exists():
+        with path.open(newline="") as f:
+            reader = csv.DictReader(f)
+            known = list(reader.fieldnames or [])
+            if set(fields) <= set(known):
+                fields = known
+            else:
+                old = list(reader)
+                fields = known + [c for c in fields if c not in known]
+    rewrite = bool(old) or not path.exists()
+    with path.open("w" if rewrite else "a", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields, restval="")
+        if rewrite:
             writer.writeheader()
+            writer.writerows(old)
         writer.writerows(rows)
     return path
 
