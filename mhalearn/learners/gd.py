@@ -140,7 +140,7 @@ def fit(
         return jax.random.choice(k, problem.samples, (config.batch_size,), replace=False)
 
     def step(carry):
-        i, params, opt_state, status, t, loss_sum = carry
+        i, params, opt_state, status, t, loss_sum, first = carry
         loss, grads = problem.loss_and_grad(params, minibatch(t))
         updates, new_state = opt.update(grads, opt_state, params)
         new_params = optax.apply_updates(params, updates)
@@ -156,21 +156,39 @@ def fit(
         params = _select(update, new_params, params)
         opt_state = _select(update, new_state, opt_state)
         loss_sum = loss_sum + jnp.where(update, loss, 0.0)
-        return i + 1, params, opt_state, status, t + 1, loss_sum
+        first = jnp.where(i == 0, loss, first)  # the loss at the interval's start
+        return i + 1, params, opt_state, status, t + 1, loss_sum, first
 
     def running(status: Status) -> Bool[Array, ""]:
         return ~status.diverged & ~status.converged
 
+    def snapshot(params, status: Status, loss: Float[Array, ""]) -> dict:
+        record = {"loss": loss, **(monitor(params) if monitor else {})}
+        return jax.tree.map(lambda v: jnp.where(status.diverged, jnp.nan, v), record)
+
     def interval(carry, n):
+        """``n`` steps, and the snapshot at their start: its full training loss is the one
+        the first full-batch step computes, so no separate forward pass is spent on it."""
         params, opt_state, status, t, loss_sum = carry
-        _, params, opt_state, status, t, loss_sum = jax.lax.while_loop(
+        start, start_status = params, status
+        taken, params, opt_state, status, t, loss_sum, first = jax.lax.while_loop(
             lambda c: (c[0] < n) & running(c[3]),
             step,
-            (jnp.asarray(0), params, opt_state, status, t, loss_sum),
+            (
+                jnp.asarray(0),
+                params,
+                opt_state,
+                status,
+                t,
+                loss_sum,
+                jnp.full((), jnp.nan, zero.dtype),
+            ),
         )
-        record = {"loss": problem.loss(params), **(monitor(params) if monitor else {})}
-        record = jax.tree.map(lambda v: jnp.where(status.diverged, jnp.nan, v), record)
-        return (params, opt_state, status, t, loss_sum), record
+        if config.batch_size is None:
+            loss = jax.lax.cond(taken > 0, lambda: first, lambda: problem.loss(start))
+        else:  # a step saw a minibatch; the trace holds the full training loss
+            loss = problem.loss(start)
+        return (params, opt_state, status, t, loss_sum), snapshot(start, start_status, loss)
 
     status = Status(
         diverged=jnp.asarray(False),
@@ -181,8 +199,12 @@ def fit(
     start = params
     zero = jnp.zeros((), jax.tree.leaves(params)[0].dtype)
     (params, _, status, _, loss_sum), records = jax.lax.scan(
-        interval, (params, opt.init(params), status, jnp.asarray(0), zero), jnp.asarray(lengths)
+        interval,
+        (params, opt.init(params), status, jnp.asarray(0), zero),
+        jnp.asarray(lengths[1:]),  # lengths[0] = 0: snapshot 0 is the start
     )
+    final = snapshot(params, status, problem.loss(params))
+    records = jax.tree.map(lambda r, f: jnp.concatenate([r, f[None]]), records, final)
     loss = records.pop("loss")
     trace = Trace(steps=jnp.asarray(snap_steps), loss=loss, metrics=records)
     info = {"loss_sum": loss_sum, **movement(params, start)}

@@ -110,6 +110,26 @@ def test_divergence_is_flagged_and_neighbours_unchanged():
     assert np.all(np.isfinite(res.params.theta[1])) and np.all(np.isfinite(res.params.W[1]))
 
 
+@pytest.mark.parametrize("batch_size", [None, 16])
+def test_every_snapshot_holds_the_full_loss_and_monitor_at_that_step(batch_size):
+    """The trace at snapshot k equals a fit stopped at that step (minibatches are keyed by
+    step, so a shorter fit follows the same path): full training loss, monitor, both."""
+    _, problem = regression_problem()
+    monitor = lambda p: {"w_norm": jnp.sum(p.W**2)}  # noqa: E731
+    config = mh.GDConfig(optimizer="adam", steps=40, log_every=10, batch_size=batch_size)
+    out = gd.fit(KEY, problem, config, monitor=monitor)
+    for k, step in enumerate(config.snapshot_steps()):
+        if step == 0:
+            params = problem.init(gd.gd_keys(KEY)[0])
+        else:
+            short = mh.GDConfig(optimizer="adam", steps=int(step), batch_size=batch_size)
+            params = gd.fit(KEY, problem, short).params
+        np.testing.assert_allclose(out.trace.loss[k], problem.loss(params), rtol=1e-10)
+        np.testing.assert_allclose(
+            out.trace.metrics["w_norm"][k], monitor(params)["w_norm"], rtol=1e-10
+        )
+
+
 def test_early_stop_at_tolerance():
     learner = mh.GDConfig(optimizer="adam", steps=3000, lr=1e-2, tol=1e-6)
     res = mh.simulate(jax.random.key(0), EASY, learner, 3)
