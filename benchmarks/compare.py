@@ -306,8 +306,10 @@ def main() -> None:
             print(f"instances {r['instances']}: peak RSS {r['peak_rss_mb']:.0f} MB")
         ratio = mem[1]["peak_rss_mb"] / mem[0]["peak_rss_mb"]
         per = (mem[1]["peak_rss_mb"] - mem[0]["peak_rss_mb"]) * 2**20 / (4096 - 256)
+        kept = mem[1]["result_bytes_per_instance"]
         print(f"peak memory 4096 / 256 instances: {ratio:.2f}× (target ≤ 1.5×); "
-              f"{per:.0f} bytes per extra instance")  # fmt: skip
+              f"peak growth {per:.0f} bytes per extra instance (≤ 0: none beyond noise); "
+              f"results kept {kept:.0f} bytes per instance")  # fmt: skip
 
 
 if __name__ == "__main__":

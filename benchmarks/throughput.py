@@ -49,6 +49,7 @@ def one(args) -> dict:
         "inst_steps_per_s": rate,
         "gflops": rate * flops / 1e9,
         "peak_rss_mb": peak_rss_mb(),
+        "result_bytes_per_instance": sum(a.nbytes for a in res.arrays().values()) / args.instances,
         "device_kind": res.attrs["device_kind"],
         "jax": res.attrs["jax_version"],
         "diverged": int(res.status["diverged"].sum()),

@@ -91,7 +91,9 @@ def default_vector_width(devices: Sequence[jax.Device]) -> int:
 
 
 # XLA:CPU hands matrix products to the YNNPACK library when this (experimental) option is
-# set: 25–35% more instance-steps/s at the benchmark shapes (benchmarks/compare.py).
+# set, one product at a time (fusing the softmax into them was slower): at the standard
+# benchmark shape +14% on a CPU split per core, +63% on one device; a little slower at
+# (heads, dim, tokens) = (4, 64, 16). Measure: benchmarks/compare.py [--xla-defaults].
 _CPU_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"}
 
 
