@@ -71,9 +71,12 @@ class RegressionTask(eqx.Module):
         self, key: PRNGKeyArray, truth: Float[Array, "n tokens dim"]
     ) -> Float[Array, "n tokens dim"]:
         """``label_noise·N(0, 1)``; not drawn at all when the level is 0 (it would add 0)."""
-        draw = lambda: self.label_noise * jax.random.normal(key, truth.shape, truth.dtype)  # noqa: E731
-        skip = lambda: jnp.zeros_like(truth)  # noqa: E731
-        return jax.lax.cond(jnp.asarray(self.label_noise) > 0, draw, skip)
+
+        def draw():
+            noise = self.label_noise * jax.random.normal(key, truth.shape, truth.dtype)
+            return noise.astype(truth.dtype)
+
+        return jax.lax.cond(jnp.asarray(self.label_noise) > 0, draw, lambda: jnp.zeros_like(truth))
 
     def sample(self, key: PRNGKeyArray) -> tuple[LayerParams, RegressionProblem]:
         k_teacher, k_x, k_noise = jax.random.split(key, 3)

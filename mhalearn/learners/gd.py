@@ -170,7 +170,7 @@ def fit(
         """``n`` steps, and the snapshot at their start: its full training loss is the one
         the first full-batch step computes, so no separate forward pass is spent on it."""
         params, opt_state, status, t, loss_sum = carry
-        start, start_status = params, status
+        at_start, start_status = params, status
         taken, params, opt_state, status, t, loss_sum, first = jax.lax.while_loop(
             lambda c: (c[0] < n) & running(c[3]),
             step,
@@ -185,10 +185,10 @@ def fit(
             ),
         )
         if config.batch_size is None:
-            loss = jax.lax.cond(taken > 0, lambda: first, lambda: problem.loss(start))
+            loss = jax.lax.cond(taken > 0, lambda: first, lambda: problem.loss(at_start))
         else:  # a step saw a minibatch; the trace holds the full training loss
-            loss = problem.loss(start)
-        return (params, opt_state, status, t, loss_sum), snapshot(start, start_status, loss)
+            loss = problem.loss(at_start)
+        return (params, opt_state, status, t, loss_sum), snapshot(at_start, start_status, loss)
 
     status = Status(
         diverged=jnp.asarray(False),
