@@ -189,6 +189,8 @@ def test_in_memory_run_equals_the_stored_one(tiny_results):
         (lambda: Regimes(instances=0), "instances must be an integer >= 1"),
         (lambda: STUDIES["heads"](noise=(-1.0,)), "noise"),
         (lambda: STUDIES["heads"](lr=(0.0, 1.0)), r"lr must lie in \(0.0"),
+        (lambda: STUDIES["samples"](lr=0.0), r"lr must lie in \(0.0"),
+        (lambda: STUDIES["stepsize"](lr=(1.0, 0.0)), r"lr must lie in \(0.0"),
         (lambda: Regimes(delta=0.9), "delta must lie in"),
         (lambda: Regimes(seed=-1), "seed must lie in"),
         (lambda: STUDIES["margin"](svm_iterations=0), "svm_iterations must be an integer >= 1"),
@@ -197,3 +199,17 @@ def test_in_memory_run_equals_the_stored_one(tiny_results):
 def test_invalid_specs_raise_clear_errors(make, fragment):
     with pytest.raises(ValueError, match=fragment):
         make()
+
+
+def test_cells_are_every_combination_of_the_static_axes_last_fastest():
+    study = Recovery(learner=("adam", "uniform"), samples=(40, 60, 80), heads=(1, 2))
+    expected = [
+        {"learner": lr, "samples": n, "heads": h}
+        for lr in ("adam", "uniform")
+        for n in (40, 60, 80)
+        for h in (1, 2)
+    ]
+    assert study.cells() == expected
+    assert STUDIES["stepsize"]().cells() == [{}]  # no static axis: one cell
+    assert STUDIES["margin"](svm_iterations=5).cells() == [{}]
+    assert STUDIES["heads"](noise=(0.5, 1.5)).cells() == [{"noise": 0.5}, {"noise": 1.5}]

@@ -17,6 +17,7 @@ variable merge cleanly (missing entries are NaN).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import time
 from collections.abc import Sequence
@@ -55,19 +56,20 @@ class Engine:
 
 @dataclasses.dataclass(frozen=True)
 class Study:
-    """Base of every study spec. Subclasses set ``name``, ``summary``, ``static_axes`` and
-    implement :meth:`cells` and :meth:`run_cell`."""
+    """Base of every study spec. Subclasses set ``name``, ``summary``, ``static_axes`` (each
+    the name of a tuple field) and implement :meth:`run_cell`."""
 
     name: ClassVar[str]
     summary: ClassVar[str]
     static_axes: ClassVar[tuple[str, ...]]
     headline: ClassVar[str]  # the variable :meth:`summarize` reports
     precision: ClassVar[str] = "float32"  # what the command runs it in unless told otherwise
+    positive: ClassVar[tuple[str, ...]] = ()  # number fields that must be > 0, not only >= 0
 
     def __post_init__(self):
         """Checks every field before any work: grids are non-empty and distinct, integers
-        (sizes, counts) >= 1 except ``seed`` >= 0, numbers finite and >= 0 (each study adds
-        its stricter checks)."""
+        (sizes, counts) >= 1 except ``seed`` >= 0, numbers finite and >= 0 (> 0 for the fields
+        in ``positive``; each study adds its stricter checks)."""
         in_range("seed", self.seed, 0)
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
@@ -79,11 +81,13 @@ class Study:
                 if f.name != "seed" and isinstance(v, int) and not isinstance(v, bool):
                     positive_int(f.name, v)
                 elif isinstance(v, float):
-                    in_range(f.name, v, 0.0)
+                    in_range(f.name, v, 0.0, open_low=f.name in self.positive)
 
     def cells(self) -> list[dict[str, Any]]:
-        """The static grid: one dict (static axis → value) per compiled cell."""
-        raise NotImplementedError
+        """The static grid: one dict (static axis → value) per compiled cell, every
+        combination of the static axes' values, the last axis fastest."""
+        values = (getattr(self, axis) for axis in self.static_axes)
+        return [dict(zip(self.static_axes, c, strict=True)) for c in itertools.product(*values)]
 
     def run_cell(self, cell: dict[str, Any], key: jax.Array, engine: Engine):
         """One cell's ``xarray.Dataset`` (vmapped axes, ``instance``, ``step``; no static axes)."""

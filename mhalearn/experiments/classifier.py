@@ -9,7 +9,6 @@ from typing import Any, Literal
 import jax
 import numpy as np
 
-from mhalearn._validate import in_range
 from mhalearn.data import MixtureSpec
 from mhalearn.experiments.base import Engine, Study, product_grid, results_dataset
 from mhalearn.kernels import ClassifierSpec, HeadScaling
@@ -38,8 +37,6 @@ class ClassifierStudy(Study):
         super().__post_init__()
         for noise in np.atleast_1d(self.noise):
             self.mixture(float(noise))
-        for lr in np.atleast_1d(getattr(self, "lr", 1.0)):
-            in_range("lr", float(lr), 0.0, open_low=True)
         ClassifierSpec(head_scaling=self.head_scaling)
 
     def mixture(self, noise: float) -> MixtureSpec:

@@ -20,6 +20,7 @@ class Heads(ClassifierStudy):
     name = "heads"
     summary = "classifier train/test loss vs step: noise × heads × step size"
     static_axes = ("noise",)
+    positive = ("lr",)
     headline = "test_loss"
 
     heads: tuple[int, ...] = (1, 2, 4, 8)
@@ -30,9 +31,6 @@ class Heads(ClassifierStudy):
     steps: int = 1000
     instances: int = 4
     seed: int = 0
-
-    def cells(self) -> list[dict[str, Any]]:
-        return [{"noise": s} for s in self.noise]
 
     def run_cell(self, cell: dict[str, Any], key: jax.Array, engine: Engine):
         return self.train(

@@ -38,9 +38,6 @@ class Margin(ClassifierStudy):
     instances: int = 4
     seed: int = 0
 
-    def cells(self) -> list[dict[str, Any]]:
-        return [{}]
-
     def run_cell(self, cell: dict[str, Any], key: jax.Array, engine: Engine):
         axes = {"init": self.init, "heads": self.heads}
         values, key_ids = product_grid(axes, self.instances)

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 import jax
 
-from mhalearn.experiments.base import Engine, Study, product_grid, results_dataset
+from mhalearn.experiments.base import Engine, Study, results_dataset
 from mhalearn.learners.baselines import AlternatingConfig, OracleConfig, UniformConfig
 from mhalearn.learners.chen_li import ChenLiConfig
 from mhalearn.learners.gd import GDConfig
@@ -59,30 +59,17 @@ class Recovery(Study):
     def __post_init__(self):
         super().__post_init__()
         for h in self.heads:  # validates shapes, family, beta before any work
-            TeacherSpec(
-                heads=h, dim=self.dim, tokens=self.tokens, beta=self.beta, family=self.family
-            )
+            self.teacher(h)
 
-    def cells(self) -> list[dict[str, Any]]:
-        return [
-            {"learner": lr, "samples": n, "heads": h}
-            for lr in self.learner
-            for n in self.samples
-            for h in self.heads
-        ]
+    def teacher(self, heads: int) -> TeacherSpec:
+        return TeacherSpec(
+            heads=heads, dim=self.dim, tokens=self.tokens, beta=self.beta, family=self.family
+        )
 
     def run_cell(self, cell: dict[str, Any], key: jax.Array, engine: Engine):
-        spec = TeacherSpec(
-            heads=cell["heads"],
-            dim=self.dim,
-            tokens=self.tokens,
-            beta=self.beta,
-            family=self.family,
+        task = RegressionTask(
+            teacher=self.teacher(cell["heads"]), samples=cell["samples"], test_samples=256
         )
-        task = RegressionTask(teacher=spec, samples=cell["samples"], test_samples=256)
         learner = learner_configs(self.steps)[cell["learner"]]
-        _, key_ids = product_grid({}, self.instances)
-        res = simulate(
-            key, task, learner, self.instances, key_ids=key_ids, **engine.simulate_kwargs()
-        )
+        res = simulate(key, task, learner, self.instances, **engine.simulate_kwargs())
         return results_dataset(res, {}, self.instances)

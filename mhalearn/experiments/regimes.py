@@ -48,14 +48,6 @@ class Regimes(Study):
                 for b in self.beta:
                     TeacherSpec(heads=h, dim=self.dim, tokens=t, beta=b, family=self.family)
 
-    def cells(self) -> list[dict[str, Any]]:
-        return [
-            {"inputs": i, "heads": h, "tokens": t}
-            for i in self.inputs
-            for h in self.heads
-            for t in self.tokens
-        ]
-
     def run_cell(self, cell: dict[str, Any], key: jax.Array, engine: Engine):
         spec = TeacherSpec(
             heads=cell["heads"],

@@ -20,6 +20,7 @@ class Samples(ClassifierStudy):
     name = "samples"
     summary = "test loss, generalisation gap and stability proxy vs samples, per head count"
     static_axes = ("samples",)
+    positive = ("lr",)
     headline = "test_loss"
 
     samples: tuple[int, ...] = (32, 64, 128, 256, 512)
@@ -28,9 +29,6 @@ class Samples(ClassifierStudy):
     steps: int = 500
     instances: int = 4
     seed: int = 0
-
-    def cells(self) -> list[dict[str, Any]]:
-        return [{"samples": n} for n in self.samples]
 
     def run_cell(self, cell: dict[str, Any], key: jax.Array, engine: Engine):
         n = cell["samples"]

@@ -30,6 +30,7 @@ class StepSize(ClassifierStudy):
     name = "stepsize"
     summary = "largest stable step size and curvature at init vs heads"
     static_axes = ()
+    positive = ("lr",)
     headline = "largest_stable_lr"
 
     heads: tuple[int, ...] = (1, 2, 4, 8, 16)
@@ -41,9 +42,6 @@ class StepSize(ClassifierStudy):
     score_samples: int = 8
     instances: int = 4
     seed: int = 0
-
-    def cells(self) -> list[dict[str, Any]]:
-        return [{}]
 
     def run_cell(self, cell: dict[str, Any], key: jax.Array, engine: Engine):
         axes = {"heads": self.heads, "lr": self.lr}
