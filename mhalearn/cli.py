@@ -115,7 +115,7 @@ def run(cfg: Run) -> Path:
     store = Store(cfg.out / study.name, {**study.config(), "precision": precision}, cfg.overwrite)
     tic = time.perf_counter()
     ds = run_study(study, store, engine, quiet=cfg.quiet)
-    figure = store.folder / "figure.png"
+    figure = store.figure_path
     _use_agg()
     plots.save(plots.plot(ds), figure)
     if not cfg.quiet:

@@ -60,13 +60,17 @@ class Store:
 
     def clear(self) -> None:
         """Remove what a study left here (its config, cells, results and figure)."""
-        for name in ("config.json", "results.nc", "figure.png"):
-            (self.folder / name).unlink(missing_ok=True)
+        for path in (self.folder / "config.json", self.results_path, self.figure_path):
+            path.unlink(missing_ok=True)
         shutil.rmtree(self.cells, ignore_errors=True)
 
     @property
     def results_path(self) -> Path:
         return self.folder / "results.nc"
+
+    @property
+    def figure_path(self) -> Path:
+        return self.folder / "figure.png"
 
     def _cell(self, name: str) -> Path:
         return self.cells / f"{name}.nc"

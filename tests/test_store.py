@@ -64,12 +64,18 @@ def test_a_run_killed_with_sigkill_resumes_to_the_uninterrupted_dataset(tmp_path
 
 
 def test_other_config_is_refused_and_overwrite_replaces(tmp_path):
-    Store(tmp_path, STUDY.config())
+    first = Store(tmp_path, STUDY.config())
+    ds = xr.Dataset({"x": ("instance", np.arange(3.0))})
+    first.write_cell("cell", ds)
+    first.write_results(ds)
+    first.figure_path.write_bytes(b"png")
     other = Regimes(instances=4)
     with pytest.raises(ValueError, match="different config; pass --overwrite"):
         Store(tmp_path, other.config())
+    assert first.has("cell")  # a refusal touches nothing
     store = Store(tmp_path, other.config(), overwrite=True)
     assert not list(store.cells.iterdir())
+    assert not store.results_path.exists() and not store.figure_path.exists()
     Store(tmp_path, other.config())  # the same config again is welcome
 
 
