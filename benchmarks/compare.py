@@ -13,9 +13,9 @@ Chen–Li teachers, at the standard shape (heads 4, dim 16, tokens 8, samples 51
   every teacher and data set and scores every fit, so it does more than the others. The CPU
   is split into ``--cpu-devices`` devices (``mh.split_cpu``; default one per core) and the
   engine runs one instance program per device, plus a reference row on one device
-  (``engine_devices`` 1). Every implementation runs on the same cores (the split leaves the
-  other implementations' speed unchanged: jax_naive 379 vs 367 instance-steps/s unsplit vs
-  split, one run each);
+  (``engine_devices`` 1). Every implementation runs on the same cores; the split leaves the
+  others' speed unchanged (``--impls jax_naive`` with ``--cpu-devices 1`` and then ``2``
+  measured 379 and 367 instance-steps/s, one run each);
 - ``jax_naive``: ``jit(vmap(scan(step)))`` of an einsum formulation of the loss, ``jax.grad``;
 - ``torch_loop``: PyTorch, one instance after another, autograd and an in-place update;
 - ``torch_vmap``: ``torch.func.vmap(torch.func.grad(loss))`` over the instances, per step;
@@ -31,6 +31,7 @@ samples, instances, inst_steps_per_s, gflops, pct_of_ceiling, then context).
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 import time
@@ -66,17 +67,15 @@ def problems(shape: dict) -> tuple[np.ndarray, ...]:
     return tuple(np.asarray(a, np.float32) for a in (X, Y, theta0, W0))
 
 
-XLA_DEFAULTS = False  # --xla-defaults: the engine without its compiler options
-
-
-def run_mhalearn(shape: dict, steps: int, data, devices: int | None = None):
+def run_mhalearn(
+    shape: dict, steps: int, data, devices: int | None = None, options: dict | None = None
+):
     task = mh.RegressionTask(
         teacher=mh.TeacherSpec(heads=shape["heads"], dim=shape["dim"], tokens=shape["tokens"]),
         samples=shape["samples"],
         test_samples=16,
     )
     learner = mh.GDConfig(optimizer="gd", steps=steps, lr=LR, snapshots=2)
-    options = {} if XLA_DEFAULTS else None
     res = mh.simulate(
         jax.random.key(0), task, learner, shape["instances"], devices=devices, options=options
     )
@@ -227,8 +226,6 @@ def main() -> None:
         help="split the CPU into this many devices (default: one per core)",
     )
     args = p.parse_args()
-    global XLA_DEFAULTS
-    XLA_DEFAULTS = args.xla_defaults
     cpu_devices = mh.split_cpu(args.cpu_devices)  # before JAX touches a device
     if args.compilation_cache:
         mh.enable_compilation_cache(args.compilation_cache)
@@ -241,13 +238,15 @@ def main() -> None:
     ceiling = ceiling_gflops()
     print(f"ceiling: {ceiling:.0f} GFLOP/s (float32 matmul 2048², jax {jax.__version__})")
     print(f"devices: {devices} × {jax.devices()[0].device_kind} (CPU split {cpu_devices})")
+    options = {} if args.xla_defaults else None  # {}: XLA's defaults; None: the engine's
+    engine = functools.partial(run_mhalearn, options=options)
     runs = [
-        (impl, IMPLS[impl], devices if impl == "mhalearn" else 1)
+        (impl, engine if impl == "mhalearn" else IMPLS[impl], devices if impl == "mhalearn" else 1)
         for impl in args.impls
         if have_torch or not impl.startswith("torch")
     ]
     if "mhalearn" in args.impls and devices > 1:
-        runs.insert(1, ("mhalearn", lambda *a: run_mhalearn(*a, devices=1), 1))
+        runs.insert(1, ("mhalearn", functools.partial(engine, devices=1), 1))
     rows = []
     for shape in shapes:
         data = problems(shape)

@@ -17,11 +17,10 @@
   the cores run instance programs side by side.
 - **Vector width.** The compiled unit is a group of ``vector_width`` instances, vmapped, on
   one device (a group of one is not vmapped at all: a size-1 batch axis through the program
-  made XLA:CPU's kernels ~30% slower). Groups are dispatched asynchronously, round robin over
-  the devices (one device's groups first left the others idle: 1062 against 1656
-  instance-steps/s on two CPU devices). The width is fixed, not derived from the chunk or
-  the device count, so every instance is computed by the same program and results are
-  bitwise identical for every chunk size and device count.
+  made XLA:CPU's kernels slower). Groups are dispatched asynchronously, round robin over the
+  devices (dispatching one device's groups first left the others idle). The width is
+  fixed, not derived from the chunk or the device count, so every instance is computed by
+  the same program and results are bitwise identical for every chunk size and device count.
 - **Compiler options.** Instance programs are compiled with :func:`compiler_options` (on CPU:
   matrix products through the YNNPACK library) unless ``options`` says otherwise.
 """

@@ -9,11 +9,11 @@ in the form that XLA:CPU runs fastest, measured with ``benchmarks/compare.py``:
   matrix product, and so are the outputs ``Φ W``;
 - scores and attention-weighted values are products batched over samples, with the
   ``tokens·heads`` query rows of a sample stacked, so no sample-sized tensor is ever
-  transposed (XLA's autodiff of the reference transposed six of them per step);
+  transposed (XLA's autodiff of the reference transposes several per step);
 - the gradient is derived by hand (below), so the backward pass materialises nothing it only
   reduces, its weight gradients are plain matrix products, and the one row sum of the softmax
-  backward is a product with a vector of ones (a reduction fused into a matrix product was
-  three times slower).
+  backward is a product with a vector of ones (XLA:CPU fused a plain reduction into the
+  surrounding matrix products, which ran slower).
 
 Notation, per sample n and head h: ``Q_h = X Θ_h``, ``A_h = softmax(Q_h Xᵀ)``,
 ``Φ_h = A_h X``, ``F = Σ_h Φ_h W_h``, loss ``L = mean((F − Y)²)`` over every entry, so
