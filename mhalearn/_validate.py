@@ -6,6 +6,7 @@ eagerly, under ``jit`` and inside ``vmap`` (where the instance axis is already s
 
 from __future__ import annotations
 
+import math
 import numbers
 from collections.abc import Iterable
 
@@ -81,6 +82,34 @@ def in_range(
     if not isinstance(value, numbers.Real):
         return
     bad = value <= low if open_low else value < low
-    if bad or value > high or value != value:
+    if bad or value > high or not math.isfinite(value):
         left = "(" if open_low else "["
-        raise ValueError(f"{name} must lie in {left}{low}, {high}], received {value!r}")
+        right = ")" if high == float("inf") else "]"
+        raise ValueError(
+            f"{name} must be a finite number in {left}{low}, {high}{right}, received {value!r}"
+        )
+
+
+def arrays(**named: object) -> tuple:
+    """Each argument as a JAX array (lists and other array-likes accepted; arrays and tracers
+    pass through), in the order given; ``ValueError`` naming the argument when one is not an
+    array of numbers (strings, ragged lists, None, ...)."""
+    import jax
+    import jax.numpy as jnp
+
+    out = []
+    for name, value in named.items():
+        if isinstance(value, jax.Array):
+            out.append(value)
+            continue
+        try:
+            host = np.asarray(value)
+        except (TypeError, ValueError) as err:  # ragged nested lists
+            raise ValueError(f"{name}: expected an array of numbers, received {err}") from None
+        if not (np.issubdtype(host.dtype, np.number) or host.dtype == bool):
+            raise ValueError(
+                f"{name}: expected an array of numbers, received {type(value).__name__} "
+                f"of dtype {host.dtype}"
+            )
+        out.append(jnp.asarray(host))
+    return tuple(out)

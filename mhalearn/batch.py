@@ -45,6 +45,10 @@ from mhalearn._validate import positive_int
 
 AXIS = "instances"
 
+#: ``progress(phase, done, total)``: phase ``"compiling"`` (done 0), ``"running"`` (``done``
+#: of ``total`` instances finished) or ``"done"``.
+Progress = Callable[[str, int, int], None]
+
 
 def select_devices(devices: int | Sequence[jax.Device] | None = None) -> list[jax.Device]:
     """``None``: every device (of every process); an int n: the first n; or the devices given."""
@@ -148,7 +152,7 @@ def map_instances(
     devices: int | Sequence[jax.Device] | None = None,
     vector_width: int | None = None,
     options: dict[str, str | bool | int] | None = None,
-    progress: bool = False,
+    progress: bool | Progress = False,
     stats: dict | None = None,
 ) -> PyTree:
     """Run ``fn(key_i, per_instance_i, shared)`` for every instance; return host (numpy)
@@ -161,6 +165,9 @@ def map_instances(
 
     ``options``: XLA compiler options for the instance program (default
     :func:`compiler_options`; ``{}`` compiles with XLA's defaults).
+
+    ``progress``: ``True`` for a progress bar (on a terminal), or a :data:`Progress` callback
+    told when compilation starts and as instances finish.
 
     ``stats``, when a dict is given, receives ``compile_seconds`` (ahead-of-time compilation,
     all devices) and ``run_seconds`` (everything after it, results on the host included).
@@ -224,22 +231,29 @@ def map_instances(
         per = jax.tree.map(lambda a: a[rows], per_instance)
         return (*jax.device_put((key_ids[rows], per), device), *on_device[device])
 
+    report = _reporter(progress, instances)
     tic = time.perf_counter()
+    if report is not None:
+        report("compiling", 0, instances)
     first = np.zeros(width, dtype=np.int64)  # rows of the first group, to compile
     options = compiler_options(devs) if options is None else options
     run_group = {d: _compile(instance_group, group_args(first, d), options) for d in mine}
     toc = time.perf_counter()
 
-    starts = range(0, instances, chunk)
-    bar = _progress_bar(len(starts), progress)
     pieces = []
-    for start in starts:
+    for start in range(0, instances, chunk):
         rows = np.minimum(np.arange(start, start + chunk), instances - 1)  # pad with the last
         groups = {d: [] for d in mine}
+        dispatched = []  # (group, its first row) in dispatch order
         for g in range(0, block, width):  # round robin: every device is kept busy from the start
             for d in mine:
                 lo = devs.index(d) * block + g
                 groups[d].append(run_group[d](*group_args(rows[lo : lo + width], d)))  # async
+                dispatched.append((groups[d][-1], start + lo))
+        if report is not None:  # groups finish roughly in dispatch order: wait for each
+            for group, row in dispatched:
+                jax.block_until_ready(group)
+                report("running", min(row + width, instances), instances)
         outs = [_stack_groups(gs, d) for d, gs in groups.items()]
         out = jax.tree.map(
             lambda *shards: jax.make_array_from_single_device_arrays(
@@ -249,10 +263,8 @@ def map_instances(
         )
         valid = min(chunk, instances - start)
         pieces.append(jax.tree.map(lambda a, valid=valid: _host(a)[:valid], out))
-        if bar is not None:
-            bar.update(1)
-    if bar is not None:
-        bar.close()
+    if report is not None:
+        report("done", instances, instances)
     result = jax.tree.map(lambda *parts: np.concatenate(parts), *pieces)
     if stats is not None:
         stats.update(compile_seconds=toc - tic, run_seconds=time.perf_counter() - toc)
@@ -270,11 +282,20 @@ def _stack_groups(groups: list[PyTree], device: jax.Device) -> PyTree:
     )
 
 
-def _progress_bar(total: int, enabled: bool) -> Any:
-    if not enabled or total < 2:
+def _reporter(progress: bool | Progress, instances: int) -> Progress | None:
+    """The progress callback: the one given, a tqdm bar of instances (``True``), or none."""
+    if callable(progress):
+        return progress
+    if not progress:
         return None
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:
-        return None
-    return tqdm(total=total, unit="chunk", desc="instances")
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=instances, unit="instance", desc="compiling", disable=None)
+
+    def report(phase: str, done: int, total: int) -> None:
+        bar.set_description_str(phase)
+        bar.update(done - bar.n)
+        if phase == "done":
+            bar.close()
+
+    return report

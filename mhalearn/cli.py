@@ -1,21 +1,30 @@
 """The ``mhalearn`` command (also ``python -m mhalearn``).
 
     mhalearn run [STUDY] [--option value ...]   run a study (default: recovery), resumably
-    mhalearn list                               the studies, their parameters and defaults
+    mhalearn list                               the studies, their options and what they mean
     mhalearn plot RESULTS                       the figure of a saved results file
-    mhalearn bench [NAME ...]                   the benchmark scripts (source checkout)
+    mhalearn bench NAME [NAME ...] [-- ARGS]    benchmark scripts (source checkout)
 
-A bad argument or an invalid config ends with a one-line message and exit code 2.
+A bad argument or an invalid config ends with a one-line message and exit code 2, before
+anything is written; SIGINT or SIGTERM ends a run at once with a one-line message and exit code
+130 or 143, finished cells kept.
 """
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import dataclasses
+import inspect
 import io
+import itertools
+import os
 import re
+import signal
 import subprocess
 import sys
+import textwrap
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,46 +37,101 @@ from mhalearn.experiments import DEFAULT, STUDIES
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
-def _subcommands(named: dict[str, type], defaults: bool = False):
-    """A Union of tyro subcommands, one per name (built at runtime)."""
-    options = tuple(
-        Annotated[cls, tyro.conf.subcommand(name, default=cls() if defaults else None)]
-        for name, cls in named.items()
+def plain(text: str | None) -> str:
+    """A docstring as plain text: reST roles and literals unwrapped, whitespace collapsed."""
+    text = re.sub(r":\w+:`~?([^`]+)`", lambda m: m.group(1).split(".")[-1], text or "")
+    return " ".join(text.replace("``", "").split())
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """Each dataclass field's docstring (the string right after it), base classes first."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(klass):
+            continue
+        try:
+            body = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0].body
+        except (OSError, TypeError):
+            continue
+        for stmt, after in itertools.pairwise(body):
+            if (
+                isinstance(stmt, ast.AnnAssign)
+                and isinstance(stmt.target, ast.Name)
+                and isinstance(after, ast.Expr)
+                and isinstance(after.value, ast.Constant)
+                and isinstance(after.value.value, str)
+            ):
+                docs[stmt.target.id] = plain(after.value.value)
+    return docs
+
+
+def _benchmarks() -> dict[str, str]:
+    """The benchmark scripts of a source checkout, with the first line of their docstrings."""
+    if not BENCHMARKS.is_dir():
+        return {}
+    out = {}
+    for path in sorted(BENCHMARKS.glob("*.py")):
+        if not path.stem.startswith("_"):
+            doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+            out[path.stem] = doc.splitlines()[0].rstrip(".") if doc else ""
+    return out
+
+
+def _description() -> str:
+    studies = "; ".join(f"{name}: {cls.summary}" for name, cls in STUDIES.items())
+    return (
+        "Simulate how multi-head attention layers are learned: many random problems (a "
+        "teacher or a data set, its samples, a learner's start) are fitted side by side in one "
+        "compiled JAX computation, and what comes out is how well and how fast each learner "
+        "recovered its teacher or fitted its data. `mhalearn run STUDY` runs a built-in study "
+        "into OUT/STUDY/results.nc (netCDF) and figure.png, resumably; `list` describes the "
+        f"studies and their options; `plot` draws a saved file; `bench` runs benchmarks. "
+        f"Studies (default {DEFAULT}): {studies}."
     )
-    return Union[options]  # noqa: UP007
 
 
-StudyChoice = _subcommands(STUDIES, defaults=True)
+Study = Union[  # noqa: UP007 (built at runtime)
+    tuple(
+        Annotated[cls, tyro.conf.subcommand(name, default=cls(), description=plain(cls.__doc__))]
+        for name, cls in STUDIES.items()
+    )
+]
+
+
+def _unset(what: str, metavar: str = "INT"):
+    """An optional option: its metavar, and ``what`` happens when it is not given."""
+    return tyro.conf.arg(metavar=metavar, help_behavior_hint=f"(default: {what})")
 
 
 @dataclasses.dataclass(frozen=True)
 class Run:
     """Run a study: every cell of its grid, saved as it finishes; an interrupted run started
-    again computes only the missing cells. Writes OUT/STUDY/results.nc and figure.png."""
+    again computes only the missing cells, and a run with more values on a grid axis (and
+    every other option the same) computes only the new cells. Writes OUT/STUDY/results.nc
+    and figure.png."""
 
-    study: StudyChoice = STUDIES[DEFAULT]()  # noqa: RUF009 (frozen, immutable)
+    study: Study = STUDIES[DEFAULT]()  # noqa: RUF009 (frozen, immutable)
     out: Path = Path("results")
     """Results go to OUT/STUDY/."""
-    precision: Literal["float32", "float64"] | None = None
-    """Default: the study's own (float64 for recovery, whose solvers need it; else float32)."""
-    chunk_size: int | None = None
+    precision: Literal["study", "float32", "float64"] = "study"
+    """Floating-point precision; study: the study's own (float64 for recovery, else float32)."""
+    chunk_size: Annotated[int | None, _unset("all instances at once")] = None
     """Instances per compiled call (bounds memory); results do not depend on it."""
-    devices: int | None = None
-    """How many devices to spread instances over (default: all)."""
-    cpu_devices: int | None = None
-    """Split the CPU into this many devices (e.g. one per core): one program per device side by
-    side; compiles take that many times longer, long runs up to that much less."""
+    devices: Annotated[int | None, _unset("every device")] = None
+    """How many devices to spread instances over."""
+    cpu_devices: Annotated[int | None, _unset("one device")] = None
+    """Split the CPU into this many devices (e.g. one per core): slower compiles, faster runs."""
     overwrite: bool = False
-    """Replace results of another config in OUT/STUDY/ instead of refusing."""
+    """Replace everything in OUT/STUDY/ (results of another config included)."""
     quiet: bool = False
     """No progress bar and no summary."""
-    compilation_cache: Path | None = None
+    compilation_cache: Annotated[Path | None, _unset("none", "PATH")] = None
     """Keep compiled programs in this folder (JAX's persistent cache): reruns skip compiling."""
 
 
 @dataclasses.dataclass(frozen=True)
 class List:
-    """List the built-in studies, their parameters and defaults."""
+    """List the built-in studies, their options, defaults and what each option means."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,61 +139,127 @@ class Plot:
     """Draw the figure of a saved results file."""
 
     results: tyro.conf.Positional[Path]
-    """A results.nc written by `mhalearn run`."""
-    figure: Path | None = None
-    """Where to write the PNG (default: beside RESULTS, suffix .png)."""
+    """A results.nc written by `mhalearn run`, or the folder holding it."""
+    figure: Annotated[Path | None, _unset("RESULTS with suffix .png", "PATH")] = None
+    """Where to write the PNG (figure.png when RESULTS is a folder)."""
 
 
 @dataclasses.dataclass(frozen=True)
 class Bench:
-    """Run benchmark scripts from benchmarks/ (a source checkout); extra arguments after
-    `--` go to every script (e.g. `mhalearn bench recovery -- --small`)."""
+    """Run benchmark scripts from benchmarks/ (a source checkout); arguments after `--` go to
+    every script (e.g. `mhalearn bench recovery -- --small`)."""
 
-    names: tyro.conf.Positional[tuple[str, ...]] = ()
-    """Scripts to run (default: all); see benchmarks/README.md."""
+    names: tyro.conf.Positional[
+        Annotated[tuple[str, ...], tyro.conf.arg(metavar="NAME", help_behavior_hint="")]
+    ] = ()
+    """Scripts to run (one or more of those listed above)."""
 
 
-_COMMANDS = _subcommands({"run": Run, "list": List, "plot": Plot, "bench": Bench})
+def _bench_description() -> str:
+    found = _benchmarks()
+    listed = "; ".join(f"{k}: {v}" for k, v in found.items()) or "none (not a source checkout)"
+    return f"{plain(Bench.__doc__)} Benchmarks: {listed}."
+
+
+_COMMANDS = Union[  # noqa: UP007
+    Annotated[Run, tyro.conf.subcommand("run", description=plain(Run.__doc__))],
+    Annotated[List, tyro.conf.subcommand("list", description=plain(List.__doc__))],
+    Annotated[Plot, tyro.conf.subcommand("plot", description=plain(Plot.__doc__))],
+    Annotated[Bench, tyro.conf.subcommand("bench", description=_bench_description())],
+]
+
+
+# ---- interrupts ------------------------------------------------------------------------------
+
+
+def _exit_on_signals(message: str) -> None:
+    """End the process at once on SIGINT or SIGTERM: ``message`` on stderr, exit code
+    128 + signal. No exception unwinds through JAX's threads (which has crashed the
+    interpreter), and it works in any phase: a watcher thread wakes on a byte the C-level
+    handler writes, even while the main thread waits in XLA. Every file is written under a
+    temporary name and renamed, so stopping anywhere loses at most the cell in progress."""
+    read, write = os.pipe()
+    os.set_blocking(write, False)
+
+    def leave(signum: int) -> None:
+        line = f"mhalearn: {signal.Signals(signum).name}: interrupted; {message}\n"
+        os.write(2, (("\n" if sys.stderr.isatty() else "") + line).encode())
+        os._exit(128 + signum)
+
+    def watch() -> None:
+        leave(os.read(read, 1)[0])
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda signum, frame: leave(signum))
+    signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+    threading.Thread(target=watch, name="mhalearn-signals", daemon=True).start()
+
+
+# ---- the commands ----------------------------------------------------------------------------
 
 
 def run(cfg: Run) -> Path:
+    """Validate every option, then run: nothing is written before all of them pass."""
     import jax
 
     from mhalearn import split_cpu
 
+    study = cfg.study
     if cfg.cpu_devices is not None:
         split_cpu(cfg.cpu_devices)
-
-    study = cfg.study
-    precision = cfg.precision or study.precision
-    if precision == "float64":
-        jax.config.update("jax_enable_x64", True)
     from mhalearn import enable_compilation_cache, plots
+    from mhalearn.batch import select_devices
     from mhalearn.experiments import Engine, run_study
-    from mhalearn.store import Store
+    from mhalearn.store import Store, writable_folder
 
-    if cfg.compilation_cache is not None:
-        enable_compilation_cache(cfg.compilation_cache)
     progress = not cfg.quiet and sys.stderr.isatty()
     engine = Engine(chunk_size=cfg.chunk_size, devices=cfg.devices, progress=progress)
-    store = Store(cfg.out / study.name, {**study.config(), "precision": precision}, cfg.overwrite)
+    select_devices(cfg.devices)
+    if cfg.compilation_cache is not None:
+        writable_folder("compilation-cache", cfg.compilation_cache)
+    precision = study.precision if cfg.precision == "study" else cfg.precision
+    config = {**study.config(), "precision": precision}
+    store = Store(cfg.out / study.name, config, cfg.overwrite, grid=study.static_axes)
+
+    jax.config.update("jax_enable_x64", precision == "float64")
+    if cfg.compilation_cache is not None:
+        enable_compilation_cache(str(cfg.compilation_cache))
     tic = time.perf_counter()
     ds = run_study(study, store, engine, quiet=cfg.quiet)
-    figure = store.figure_path
     _use_agg()
-    plots.save(plots.plot(ds), figure)
+    figure = store.write_figure(plots.plot(ds))
     if not cfg.quiet:
         print(study.summarize(ds))
+        for line in _teacher_report(ds):
+            print(line, file=sys.stderr)
         print(f"{store.results_path} and {figure} ({time.perf_counter() - tic:.1f}s)")
     return store.results_path
+
+
+def _teacher_report(ds) -> list[str]:
+    """A warning when some teachers failed their non-degeneracy checks."""
+    for name in ("teacher_accepted", "accepted"):
+        if name in ds:
+            flags = ds[name].values
+            known = flags[flags == flags]  # not NaN
+            failed = int((known == 0).sum())
+            if failed:
+                return [
+                    f"mhalearn: warning: {failed} of {known.size} instances used a teacher that "
+                    "failed its non-degeneracy checks in max_attempts draws (the last draw was "
+                    f"used; see {name})"
+                ]
+    return []
 
 
 def list_studies(_: List) -> None:
     for name, cls in STUDIES.items():
         default = " (default)" if name == DEFAULT else ""
         print(f"{name}{default}: {cls.summary}")
+        docs = field_docs(cls)
         for f in dataclasses.fields(cls):
             print(f"    --{f.name.replace('_', '-')} {_show(getattr(cls(), f.name))}")
+            print(f"        {docs.get(f.name, '')}")
 
 
 def _show(value) -> str:
@@ -143,21 +273,35 @@ def plot(cfg: Plot) -> Path:
     from mhalearn.store import load
 
     ds = load(cfg.results)
-    figure = cfg.figure or cfg.results.with_suffix(".png")
+    if cfg.figure is not None:
+        figure = cfg.figure
+    elif cfg.results.is_dir():
+        figure = cfg.results / "figure.png"
+    else:
+        figure = cfg.results.with_suffix(".png")
     _use_agg()
-    plots.save(plots.plot(ds), figure)
+    fig = plots.plot(ds)
+    try:
+        plots.save(fig, figure)
+    except OSError as err:
+        raise ValueError(f"--figure: cannot write {figure} ({err.strerror or err})") from None
     print(figure)
     return figure
 
 
 def bench(cfg: Bench, extra: Sequence[str]) -> int:
-    if not BENCHMARKS.is_dir():
+    known = _benchmarks()
+    if not known:
         raise ValueError(f"no benchmarks folder at {BENCHMARKS}: run from a source checkout")
-    known = sorted(p.stem for p in BENCHMARKS.glob("*.py") if not p.stem.startswith("_"))
+    if not cfg.names:
+        raise ValueError(
+            f"name the benchmarks to run, one or more of {', '.join(known)} (e.g. "
+            "`mhalearn bench throughput -- --small`; each takes minutes, recovery about 40)"
+        )
     for name in cfg.names:
         if name not in known:
-            raise ValueError(f"unknown benchmark {name!r}; expected one of {known}")
-    for name in cfg.names or known:
+            raise ValueError(f"unknown benchmark {name!r}; expected one of {', '.join(known)}")
+    for name in cfg.names:
         print(f"== benchmarks/{name}.py {' '.join(extra)}", flush=True)
         code = subprocess.call([sys.executable, str(BENCHMARKS / f"{name}.py"), *extra])
         if code:
@@ -171,6 +315,27 @@ def _use_agg() -> None:
     matplotlib.use("Agg")
 
 
+# ---- parsing ---------------------------------------------------------------------------------
+
+
+def _place_study(argv: list[str]) -> list[str]:
+    """``run`` with the study name anywhere: moved right after ``run`` (so that options may
+    come before it); an unknown name where the study belongs is refused, naming the
+    studies."""
+    if not argv or argv[0] != "run":
+        return argv
+    rest = argv[1:]
+    for i, arg in enumerate(rest):
+        if arg in STUDIES:
+            return ["run", arg, *rest[:i], *rest[i + 1 :]]
+    if rest and not rest[0].startswith("-"):
+        raise ValueError(
+            f"unknown study {rest[0]!r}; expected one of {', '.join(STUDIES)} "
+            "(`mhalearn list` describes them)"
+        )
+    return argv
+
+
 def _parse(argv: list[str]):
     """tyro's parse, with its boxed error reduced to one line (exit 2)."""
     captured = io.StringIO()
@@ -179,8 +344,8 @@ def _parse(argv: list[str]):
             return tyro.cli(
                 _COMMANDS,
                 prog="mhalearn",
-                description=__doc__.splitlines()[0],
-                args=argv,
+                description=_description(),
+                args=_place_study(argv),
                 config=(tyro.conf.CascadeSubcommandArgs, tyro.conf.OmitSubcommandPrefixes),
             )
     except SystemExit as exit:
@@ -195,11 +360,23 @@ def _parse(argv: list[str]):
             if not line.strip("─ "):
                 break
             body.append(line)
-        message = re.sub(r"^Error parsing [^:]*: ", "", " ".join(body)) or "invalid arguments"
+        message = " ".join(body) or "invalid arguments"
+        message = re.sub(r"^Error parsing ([^:]*): ", r"\1: ", message)
+        message = re.sub(
+            r"invalid literal for int\(\) with base 10: ('[^']*')",
+            r"expected an integer, received \1",
+            message,
+        )
+        message = re.sub(
+            r"could not convert string to float: ", "expected a number, received ", message
+        )
         raise ValueError(message) from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The command; ``argv`` (default: the process's) without the program name. Only the
+    process's own command (``argv`` None) takes over SIGINT and SIGTERM."""
+    own = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     extra: list[str] = []
     if "--" in argv:
@@ -207,6 +384,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         command = _parse(argv)
         if isinstance(command, Run):
+            if own:
+                _exit_on_signals("finished cells are kept; run the same command to resume")
             run(command)
         elif isinstance(command, List):
             list_studies(command)
@@ -214,12 +393,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             plot(command)
         else:
             return bench(command, extra)
+        sys.stdout.flush()
     except ValueError as err:
-        print(f"mhalearn: error: {err}", file=sys.stderr)
+        print(f"mhalearn: error: {' '.join(str(err).split())}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # e.g. `mhalearn list | head`: the reader has gone
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except KeyboardInterrupt:
-        print(
-            "mhalearn: interrupted; finished cells are saved, run again to resume", file=sys.stderr
-        )
+        print("mhalearn: interrupted", file=sys.stderr)
         return 130
     return 0

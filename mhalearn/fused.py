@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
-from mhalearn._validate import check_shapes
+from mhalearn._validate import arrays, check_shapes
 
 
 def _features(
@@ -49,6 +49,7 @@ def layer_outputs(
     W: Float[Array, "heads dim dim"],
 ) -> Float[Array, "n tokens dim"]:
     """``mha`` applied to each of ``n`` sequences (equal to ``jax.vmap(mha)``)."""
+    X, theta, W = arrays(X=X, theta=theta, W=W)
     check_shapes(
         ("X", X, "n tokens dim"), ("theta", theta, "heads dim dim"), ("W", W, "heads dim dim")
     )
@@ -66,6 +67,7 @@ def squared_loss_and_grad(
 ) -> tuple[Float[Array, ""], tuple[Float[Array, "heads dim dim"], Float[Array, "heads dim dim"]]]:
     """``mean((layer(X) − Y)²)`` and its gradient with respect to ``(theta, W)``: equal to
     ``jax.value_and_grad`` of the reference loss, in one forward and one backward pass."""
+    X, Y, theta, W = arrays(X=X, Y=Y, theta=theta, W=W)
     check_shapes(
         ("X", X, "n tokens dim"),
         ("Y", Y, "n tokens dim"),

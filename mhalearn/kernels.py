@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
-from mhalearn._validate import check_shapes, choice, in_range
+from mhalearn._validate import arrays, check_shapes, choice, in_range
 
 
 def _attend(
@@ -39,6 +39,7 @@ def attention_weights(
     X: Float[Array, "tokens dim"], theta: Float[Array, "heads dim dim"]
 ) -> Float[Array, "heads tokens tokens"]:
     """Attention of every head: ``A_i = softmax(X Θ_i Xᵀ)``, each row summing to one over keys."""
+    X, theta = arrays(X=X, theta=theta)
     check_shapes(("X", X, "tokens dim"), ("theta", theta, "heads dim dim"))
     return _attend(X, X, theta)
 
@@ -47,6 +48,7 @@ def head_features(
     X: Float[Array, "tokens dim"], theta: Float[Array, "heads dim dim"]
 ) -> Float[Array, "heads tokens dim"]:
     """Per-head features ``Φ_i(X) = A_i(X) X``; the layer is ``Σ_i Φ_i W_i``, linear in ``W``."""
+    (X,) = arrays(X=X)
     return attention_weights(X, theta) @ X
 
 
@@ -59,6 +61,7 @@ def mha(
 
     No 1/√d temperature (the scale lives in Θ), no mask, residual, bias or normalisation.
     """
+    X, theta, W = arrays(X=X, theta=theta, W=W)
     check_shapes(
         ("X", X, "tokens dim"), ("theta", theta, "heads dim dim"), ("W", W, "heads dim dim")
     )
@@ -123,10 +126,12 @@ def classifier_attention(
     prompt: Float[Array, " dim"] | None = None,
 ) -> Float[Array, "heads queries tokens"]:
     """Attention of the classifier's queries over the tokens, for every head."""
+    X, W = arrays(X=X, W=W)
     check_shapes(("X", X, "tokens dim"), ("W", W, "heads dim dim"))
     if spec.query == "prompt":
         if prompt is None:
             raise ValueError("prompt: query='prompt' needs a prompt of shape (dim,), received None")
+        (prompt,) = arrays(prompt=prompt)
         check_shapes(("prompt", prompt, "dim"), dim=X.shape[1])
         queries = prompt[None, :]
     else:
@@ -148,6 +153,7 @@ def classifier_score(
     a masked head contributes nothing and α_H is computed from the active count, so models
     with different numbers of heads share one compilation.
     """
+    X, W, U = arrays(X=X, W=W, U=U)
     A = classifier_attention(X, W, spec, prompt)
     sizes = check_shapes(
         ("U", U, spec.readout_axes()),
@@ -165,6 +171,7 @@ def classifier_score(
         head_mask = jnp.ones(sizes["heads"], per_head.dtype)
     else:
         check_shapes(("head_mask", head_mask, "heads"), heads=sizes["heads"])
-        head_mask = jnp.asarray(head_mask, per_head.dtype)
+        (head_mask,) = arrays(head_mask=head_mask)
+        head_mask = head_mask.astype(per_head.dtype)
     alpha = head_scale(jnp.sum(head_mask), spec.head_scaling)
     return alpha * jnp.sum(head_mask * per_head)

@@ -22,7 +22,8 @@ import numpy as np
 from jaxtyping import PRNGKeyArray
 
 from mhalearn._validate import positive_int
-from mhalearn.batch import map_instances, select_devices
+from mhalearn.batch import Progress, map_instances, select_devices
+from mhalearn.variables import annotate
 
 
 def _path_name(path) -> str:
@@ -76,7 +77,9 @@ class Results:
     """Per-instance outcomes as host arrays (leading axis: instance)."""
 
     metrics: dict[str, np.ndarray]  # (instances,)
-    status: dict[str, np.ndarray]  # (instances,): diverged, diverged_at, converged, steps_taken
+    # (instances,): diverged, diverged_at, converged, steps_taken and the task's checks
+    # (teacher_accepted: the teacher passed its non-degeneracy checks)
+    status: dict[str, np.ndarray]
     trace_steps: np.ndarray  # (snapshots,)
     trace: dict[str, np.ndarray]  # (instances, snapshots): loss and monitored metrics
     sweep: dict[str, np.ndarray]  # (instances,): every swept number, by its path in the spec
@@ -100,7 +103,9 @@ class Results:
             "key_id": ("instance", self.key_ids),
             **{k: ("instance", v) for k, v in self.sweep.items()},
         }
-        return xr.Dataset(data, coords=coords, attrs=self.attrs)
+        ds = xr.Dataset(data, coords=coords, attrs=self.attrs)
+        tolerance = self.attrs.get("success_tol")
+        return annotate(ds, {"success": {"tolerance": tolerance}} if tolerance else None)
 
 
 def instance_keys(key: PRNGKeyArray) -> tuple[PRNGKeyArray, PRNGKeyArray, PRNGKeyArray]:
@@ -121,7 +126,7 @@ def simulate(
     vector_width: int | None = None,
     options: dict | None = None,
     keep_params: bool = False,
-    progress: bool = False,
+    progress: bool | Progress = False,
 ) -> Results:
     """Draw ``instances`` random instances of ``task``, fit each with ``learner``, score them.
 
@@ -145,7 +150,10 @@ def simulate(
         out = {
             "metrics": {**metrics, **{f"info_{k}": v for k, v in fit.info.items()}},
             "trace": {"loss": fit.trace.loss, **fit.trace.metrics},
-            "status": {f.name: getattr(fit.status, f.name) for f in dataclasses.fields(fit.status)},
+            "status": {
+                **{f.name: getattr(fit.status, f.name) for f in dataclasses.fields(fit.status)},
+                **task.checks(truth),
+            },
             "steps": fit.trace.steps,
         }
         if keep_params:
@@ -180,6 +188,7 @@ def simulate(
         "devices": len(devs),
         "x64": int(jax.config.jax_enable_x64),
         **timing,
+        **_tolerance(task),
     }
     return Results(
         metrics=out["metrics"],
@@ -191,6 +200,12 @@ def simulate(
         attrs=attrs,
         params=out.get("params"),
     )
+
+
+def _tolerance(task) -> dict[str, float]:
+    """The task's success tolerance when it has one and every instance shares it."""
+    tol = getattr(task, "success_tol", None)
+    return {"success_tol": float(tol)} if tol is not None and np.ndim(tol) == 0 else {}
 
 
 def _version() -> str:

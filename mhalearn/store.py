@@ -1,10 +1,16 @@
-"""Results on disk: netCDF (through xarray and h5netcdf), atomic writes, resume.
+"""Results on disk: netCDF (through xarray and h5netcdf), atomic writes, resume, growing grids.
 
 A study's folder holds ``config.json`` (the full config: study, grid, instances, seed,
 precision), one ``cells/<cell>.nc`` per finished cell and, at the end, ``results.nc`` (the
 merged Dataset). Every file is written to a temporary name in the same folder, flushed to disk
 and renamed, so a run killed at any moment leaves only whole files; started again, it computes
-the missing cells only. A folder that holds another config is refused. No pickle anywhere.
+the missing cells only. No pickle anywhere.
+
+:class:`Store` checks before it touches anything: constructing one validates the folder (it
+can be created and written) and the config it holds; the folder is created, cleared
+(``overwrite``) or its config replaced only at the first write. A folder whose config differs
+only in the values of the grid axes (``grid``) is *grown*: its finished cells are kept and
+the new grid's missing cells are computed. Any other difference is refused, naming the fields.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -30,39 +37,94 @@ def _atomic_write(path: Path, write) -> None:
         tmp.unlink(missing_ok=True)
 
 
-class Store:
-    """The folder of one study's results. ``Store(folder, config)`` creates it, or checks that
-    the config it holds is ``config`` (``overwrite=True``: clears it instead)."""
+def writable_folder(option: str, folder: str | os.PathLike) -> Path:
+    """Check that ``folder`` is, or can be created as, a folder this process can write to
+    (``option``: the name used in the message); nothing is left behind. Returns it."""
+    folder = Path(folder)
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        what = "is" if existing == folder else f"lies inside {existing}, which is"
+        raise ValueError(f"{option}: {folder} {what} a file, not a folder")
+    try:  # the only sure test: make something there, and remove it
+        os.rmdir(tempfile.mkdtemp(prefix=".mhalearn-probe-", dir=existing))
+    except OSError as err:
+        raise ValueError(
+            f"{option}: cannot write to {folder} ({err.strerror or err} in {existing})"
+        ) from None
+    return folder
 
-    def __init__(self, folder: str | os.PathLike, config: dict[str, Any], overwrite: bool = False):
-        self.folder = Path(folder)
+
+def _differences(saved: dict[str, Any], wanted: dict[str, Any], grid: tuple[str, ...]) -> str:
+    names = sorted((set(saved) | set(wanted)) - set(grid))
+    diff = [n for n in names if saved.get(n) != wanted.get(n)]
+    return "; ".join(f"{n} is {saved.get(n)!r} there, {wanted.get(n)!r} here" for n in diff)
+
+
+class Store:
+    """The folder of one study's results.
+
+    ``Store(folder, config, overwrite, grid)`` only checks: that the folder can be written,
+    and that what it holds is this config (or this config with other values on the ``grid``
+    axes, which grows it; ``overwrite=True``: anything, to be replaced). The folder is
+    prepared at the first write (:meth:`open`): created, emptied when overwriting, its
+    ``config.json`` written."""
+
+    def __init__(
+        self,
+        folder: str | os.PathLike,
+        config: dict[str, Any],
+        overwrite: bool = False,
+        grid: tuple[str, ...] = (),
+    ):
+        self.folder = writable_folder("out", folder)
         self.cells = self.folder / "cells"
+        self.config = json.loads(json.dumps(config))
+        self.overwrite = overwrite
+        self._open = False
         saved = self.folder / "config.json"
-        text = json.dumps(config, indent=1, sort_keys=True)
-        if overwrite:
-            self.clear()
-        elif saved.exists():
-            if json.loads(saved.read_text()) != json.loads(text):
+        if overwrite or not self.folder.exists():
+            return
+        if saved.is_file():
+            try:
+                held = json.loads(saved.read_text())
+            except (OSError, ValueError) as err:
                 raise ValueError(
-                    f"{self.folder} holds results of a different config; pass --overwrite to "
-                    f"replace them or choose another folder with --out"
+                    f"{saved} cannot be read ({err}); pass --overwrite to replace the folder"
+                ) from None
+            diff = _differences(held, self.config, grid)
+            if diff:
+                raise ValueError(
+                    f"{self.folder} holds results of a different config ({diff}); pass "
+                    f"--overwrite to replace them or choose another folder with --out"
                 )
-        elif self.folder.exists() and any(self.folder.iterdir()):
+        elif any(self.folder.iterdir()):
             raise ValueError(
                 f"{self.folder} is not empty and holds no config.json; pass --overwrite to "
                 f"replace its contents or choose another folder with --out"
             )
-        self.cells.mkdir(parents=True, exist_ok=True)
-        for stale in self.folder.glob("**/.*.tmp*"):  # left by a run killed mid-write
-            stale.unlink(missing_ok=True)
-        if not saved.exists():
-            _atomic_write(saved, lambda tmp: tmp.write_text(text))
 
-    def clear(self) -> None:
-        """Remove what a study left here (its config, cells, results and figure)."""
-        for path in (self.folder / "config.json", self.results_path, self.figure_path):
-            path.unlink(missing_ok=True)
-        shutil.rmtree(self.cells, ignore_errors=True)
+    def open(self) -> None:
+        """Prepare the folder for writing (once): create it, empty it when overwriting
+        (everything in it goes, stray files included), remove temporary files left by a run
+        killed mid-write, and write ``config.json``."""
+        if self._open:
+            return
+        if self.overwrite and self.folder.exists():
+            for path in self.folder.iterdir():
+                if path.is_dir() and not path.is_symlink():
+                    shutil.rmtree(path)
+                else:
+                    path.unlink()
+        self.cells.mkdir(parents=True, exist_ok=True)
+        for stale in self.folder.glob("**/.*.tmp*"):
+            stale.unlink(missing_ok=True)
+        text = json.dumps(self.config, indent=1, sort_keys=True)
+        saved = self.folder / "config.json"
+        if not saved.is_file() or saved.read_text() != text:
+            _atomic_write(saved, lambda tmp: tmp.write_text(text))
+        self._open = True
 
     @property
     def results_path(self) -> Path:
@@ -76,24 +138,43 @@ class Store:
         return self.cells / f"{name}.nc"
 
     def has(self, name: str) -> bool:
-        return self._cell(name).exists()
+        return not self.overwrite and self._cell(name).is_file()
 
     def write_cell(self, name: str, ds) -> None:
+        self.open()
         _atomic_write(self._cell(name), lambda tmp: ds.to_netcdf(tmp, engine=ENGINE))
 
     def read_cell(self, name: str):
         return load(self._cell(name))
 
     def write_results(self, ds) -> Path:
+        self.open()
         _atomic_write(self.results_path, lambda tmp: ds.to_netcdf(tmp, engine=ENGINE))
         return self.results_path
 
+    def write_figure(self, fig) -> Path:
+        """The figure as ``figure.png`` (through a temporary file, as every write)."""
+        from mhalearn import plots
+
+        self.open()
+        _atomic_write(self.figure_path, lambda tmp: plots.save(fig, tmp))
+        return self.figure_path
+
 
 def load(path: str | os.PathLike):
-    """A results file as an in-memory ``xarray.Dataset`` (the file is closed on return)."""
+    """A results file as an in-memory ``xarray.Dataset`` (the file is closed on return); a
+    folder stands for the ``results.nc`` in it."""
     import xarray as xr
 
     path = Path(path)
+    if path.is_dir():
+        if not (path / "results.nc").is_file():
+            raise ValueError(f"{path} is a folder without a results.nc")
+        path = path / "results.nc"
     if not path.is_file():
         raise ValueError(f"no results file at {path}")
-    return xr.load_dataset(path, engine=ENGINE)
+    try:
+        return xr.load_dataset(path, engine=ENGINE)
+    except Exception as err:  # h5py, h5netcdf and xarray each raise their own kind
+        why = " ".join(str(err).split()) or type(err).__name__
+        raise ValueError(f"{path} is not a readable netCDF results file ({why})") from None

@@ -11,7 +11,7 @@ from __future__ import annotations
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, PRNGKeyArray
+from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
 from mhalearn._validate import in_range, positive_int
 from mhalearn.data import Mixture, MixtureSpec, sample_tokens, tokenized_mixture
@@ -25,7 +25,12 @@ from mhalearn.metrics.recovery import (
 from mhalearn.metrics.theory import relevant_attention
 from mhalearn.params import ClassifierParams, LayerParams
 from mhalearn.problems import ClassificationProblem, RegressionProblem, predict_layer
-from mhalearn.teachers import TeacherSpec, sample_teacher_with_info
+from mhalearn.teachers import (
+    TeacherSpec,
+    parameter_diagnostics,
+    passes_checks,
+    sample_teacher_with_info,
+)
 
 _OTHER = {"boolean": "gaussian", "gaussian": "boolean"}
 
@@ -89,6 +94,12 @@ class RegressionTask(eqx.Module):
             X=X, Y=Y, heads=heads, theta_init=self.theta_init, w_init=self.w_init, teacher=teacher
         )
         return teacher, problem
+
+    def checks(self, teacher: LayerParams) -> dict[str, Bool[Array, ""]]:
+        """``teacher_accepted``: whether the teacher drawn passed its family's checks (False:
+        ``max_attempts`` draws all failed and the last one is used)."""
+        diag = parameter_diagnostics(teacher.theta, teacher.W)
+        return {"teacher_accepted": passes_checks(self.teacher, diag)}
 
     def monitor(self, teacher: LayerParams, problem: RegressionProblem, params: LayerParams):
         errors = parameter_errors(params, teacher)
@@ -161,6 +172,11 @@ class ClassificationTask(eqx.Module):
             one_step=self.one_step,
         )
         return held_out, problem
+
+    def checks(self, held_out: Mixture) -> dict[str, Bool[Array, ""]]:
+        """Nothing to check: the mixture has no teacher."""
+        del held_out
+        return {}
 
     def monitor(self, held_out: Mixture, problem: ClassificationProblem, params: ClassifierParams):
         test = classification_errors(problem.scores(params, held_out.X), held_out.y)

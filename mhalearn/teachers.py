@@ -11,6 +11,11 @@ is a field of :class:`TeacherSpec` and is scale-free:
   dim 16; scaled by 1/dim it accepts a dimension-independent share (about 1 − 2c);
 - ``min_theta_sv``: the smallest singular value of the matrix whose rows are
   vec(Θ_i)/‖Θ_i‖_F (the Θ's robustly linearly independent; 1 when orthogonal).
+
+Each ratio has a ceiling (1, 2, dim and 1 in that order) and a threshold above it could never
+pass, so it is refused; ``max_attempts`` is at most :data:`MAX_ATTEMPTS`. A teacher whose
+draws all fail is still returned (the last draw), flagged: ``TeacherInfo.accepted``,
+``teacher_accepted`` in :func:`~mhalearn.simulate` results.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
-from mhalearn._validate import choice, in_range, positive_int
+from mhalearn._validate import arrays, check_shapes, choice, in_range, positive_int
 from mhalearn.data import TOKEN_DISTRIBUTIONS, TokenDistribution, sample_tokens
 from mhalearn.kernels import attention_weights
 from mhalearn.params import LayerParams
@@ -45,6 +50,10 @@ _ENFORCED: dict[str, tuple[str, ...]] = {
     "near_duplicate": ("w_norm", "sigma_ratio"),
     "ill_conditioned": ("w_norm", "separation", "theta_sv"),
 }
+
+
+#: the most draws a teacher may take (a bound: a spec whose draws cannot pass ends, flagged)
+MAX_ATTEMPTS = 100_000
 
 
 class TeacherSpec(eqx.Module):
@@ -89,13 +98,16 @@ class TeacherSpec(eqx.Module):
         positive_int("heads", self.heads)
         positive_int("dim", self.dim)
         positive_int("tokens", self.tokens)
-        positive_int("max_attempts", self.max_attempts)
+        in_range("max_attempts", positive_int("max_attempts", self.max_attempts), 1, MAX_ATTEMPTS)
         choice("family", self.family, FAMILIES)
         choice("inputs", self.inputs, TOKEN_DISTRIBUTIONS)
         in_range("beta", self.beta, 0.0)
         in_range("w_scale", self.w_scale, 0.0, open_low=True)
-        for name in ("min_w_norm", "min_separation", "min_sigma_ratio", "min_theta_sv"):
-            in_range(name, getattr(self, name), 0.0)
+        # each check compares a ratio that cannot exceed its bound: a larger threshold could
+        # never pass (min_sigma_ratio is c in σ_min/σ_max >= c/dim)
+        bounds = {"min_w_norm": 1, "min_separation": 2, "min_sigma_ratio": self.dim}
+        for name, high in {**bounds, "min_theta_sv": 1}.items():
+            in_range(name, getattr(self, name), 0.0, high)
         in_range("stress_eps", self.stress_eps, 0.0)
         if self.family in ("near_duplicate", "ill_conditioned") and self.heads < 2:
             raise ValueError(
@@ -120,6 +132,8 @@ class ParameterDiagnostics(eqx.Module):
 def parameter_diagnostics(
     theta: Float[Array, "heads dim dim"], W: Float[Array, "heads dim dim"]
 ) -> ParameterDiagnostics:
+    theta, W = arrays(theta=theta, W=W)
+    check_shapes(("theta", theta, "heads dim dim"), ("W", W, "heads dim dim"))
     heads = theta.shape[0]
     tiny = jnp.finfo(theta.dtype).tiny
     w_norms = jnp.sqrt(jnp.sum(W**2, axis=(1, 2)))

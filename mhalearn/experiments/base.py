@@ -10,8 +10,8 @@ the cells that share shapes, see the same random problems (common random numbers
 :func:`run_study` runs the cells (resuming from a :class:`~mhalearn.store.Store` when given)
 and merges them into one Dataset with dimensions (static axes, vmapped axes, ``instance``,
 ``step``), a coordinate for every swept value and attributes that make it reproducible.
-Flags (success, diverged, ...) are stored as 0/1 integers so that cells with and without a
-variable merge cleanly (missing entries are NaN).
+Flags (success, diverged, ...) are stored as 0/1 integers (``int8``); a variable missing from
+some cells is NaN there (see :func:`merge_cells`).
 """
 
 from __future__ import annotations
@@ -27,8 +27,9 @@ import jax
 import numpy as np
 
 from mhalearn._validate import in_range, positive_int
-from mhalearn.batch import map_instances
+from mhalearn.batch import Progress, map_instances
 from mhalearn.simulate import Results, to_jsonable
+from mhalearn.variables import annotate
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,7 +38,7 @@ class Engine:
 
     chunk_size: int | None = None
     devices: int | None = None
-    progress: bool = False
+    progress: bool | Progress = False
 
     def __post_init__(self):
         for name in ("chunk_size", "devices"):
@@ -97,7 +98,7 @@ class Study:
         """The headline variable per grid point: its mean over instances for a 0/1 flag
         (a rate), its median otherwise."""
         da = ds[self.headline]
-        flag = da.dtype == np.int8
+        flag = "flag_values" in da.attrs
         stat = da.mean("instance") if flag else da.median("instance")
         what = "rate" if flag else "median"
         table = stat.to_series().to_string()
@@ -105,6 +106,11 @@ class Study:
 
     def config(self) -> dict[str, Any]:
         return {"study": self.name, **to_jsonable(self)}
+
+    def annotations(self) -> dict[str, dict[str, Any]]:
+        """Attributes beyond :mod:`mhalearn.variables`' that this study's variables carry
+        (e.g. the success tolerance), by variable name."""
+        return {}
 
 
 def cell_id(cell: dict[str, Any]) -> str:
@@ -173,9 +179,16 @@ def attributes(study: Study) -> dict[str, Any]:
 
 
 def merge_cells(study: Study, cells: list[dict[str, Any]], datasets: list) -> Any:
-    """One Dataset from the cells' Datasets, static axes in the study's order."""
+    """One Dataset from the cells' Datasets, static axes in the study's order, every variable
+    annotated (:mod:`mhalearn.variables`).
+
+    A variable that some cells lack (a learner's own diagnostic, say) is missing there: NaN in
+    memory. An integer or flag variable keeps its dtype where no entry is missing; where some
+    are, it is a float with NaN in memory and is written as its integer dtype with an explicit
+    ``_FillValue`` (the dtype's minimum), which reads back as NaN."""
     import xarray as xr
 
+    datasets = [ds.drop_encoding() for ds in datasets]  # stale on-disk dtypes must not leak
     placed = [
         ds.expand_dims({axis: [cell[axis]] for axis in study.static_axes})
         for cell, ds in zip(cells, datasets, strict=True)
@@ -183,21 +196,27 @@ def merge_cells(study: Study, cells: list[dict[str, Any]], datasets: list) -> An
     merged = xr.merge(placed, compat="no_conflicts", join="outer", combine_attrs="drop")
     order = {axis: list(dict.fromkeys(c[axis] for c in cells)) for axis in study.static_axes}
     merged = merged.reindex(order)
-    for name, var in merged.data_vars.items():  # outer merges make floats; restore flags
+    for name, var in merged.data_vars.items():
         kinds = {ds[name].dtype for ds in datasets if name in ds}
-        if len(kinds) == 1 and np.issubdtype(next(iter(kinds)), np.integer):
+        kind = np.result_type(*kinds)
+        if np.issubdtype(kind, np.bool_) or np.issubdtype(kind, np.integer):
             if not var.isnull().any():
-                merged[name] = var.astype(next(iter(kinds)))
+                merged[name] = var.astype(kind)
+            else:
+                stored = np.dtype(np.int8) if np.issubdtype(kind, np.bool_) else kind
+                merged[name].encoding = {"dtype": stored, "_FillValue": np.iinfo(stored).min}
     dims = (*study.static_axes, *[d for d in placed[0].dims if d not in study.static_axes])
     merged = merged.transpose(*[d for d in dims if d in merged.dims], ...)
     merged.attrs = attributes(study)
-    return merged
+    return annotate(merged, study.annotations())
 
 
 def run_study(study: Study, store=None, engine: Engine = Engine(), quiet: bool = True):
     """Run every cell of ``study`` (only the missing ones when ``store`` holds some) and return
     the merged Dataset; with a store, each finished cell is saved at once and the merged
-    results are written to ``store.results_path``."""
+    results are written to ``store.results_path``. Unless ``quiet``, a progress bar (on a
+    terminal) counts cells and shows the current cell's phase: compiling, then instances
+    done."""
     cells = study.cells()
     key = jax.random.key(study.seed)
     todo = [c for c in cells if store is None or not store.has(cell_id(c))]
@@ -217,13 +236,19 @@ def run_study(study: Study, store=None, engine: Engine = Engine(), quiet: bool =
     tic = time.perf_counter()
     try:
         for cell in todo:
-            if bar is not None:
-                bar.set_postfix_str(cell_id(cell))
+            name = cell_id(cell)
+            if bar is not None and not bar.disable:
+
+                def report(phase, finished, total, name=name):
+                    what = f"{finished}/{total} instances" if phase == "running" else phase
+                    bar.set_postfix_str(f"{name}: {what}")
+
+                engine = dataclasses.replace(engine, progress=report)
             ds = study.run_cell(cell, key, engine)
             if store is None:
-                done[cell_id(cell)] = ds
+                done[name] = ds
             else:
-                store.write_cell(cell_id(cell), ds)
+                store.write_cell(name, ds)
             if bar is not None:
                 bar.update(1)
     finally:

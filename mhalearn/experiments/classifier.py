@@ -22,13 +22,19 @@ class ClassifierStudy(Study):
     """Mixture and model options shared by the classifier studies."""
 
     tokens: int = 4
+    """Sequence length T."""
     dim: int = 8
+    """Token dimension d."""
     relevant_fraction: float = 0.25
+    """Share ζ of positions whose tokens carry the label's mean."""
     irrelevant_means: int = 2
+    """Number M of label-free means the other positions draw from."""
     positions: Literal["random", "fixed"] = "random"
+    """Relevant positions drawn per sample (random) or the same for every sample (fixed)."""
     head_scaling: HeadScaling = "sqrt"
-    """α_H: 1/√H ("sqrt"), 1/H ("mean") or 1 ("sum")."""
+    """α_H: 1/√H (sqrt), 1/H (mean) or 1 (sum)."""
     test_samples: int = 512
+    """Fresh samples for the test loss and error."""
 
     noise: float = 0.5
     """Token noise level σ of the mixture (larger: harder)."""

@@ -24,13 +24,19 @@ class Heads(ClassifierStudy):
     headline = "test_loss"
 
     heads: tuple[int, ...] = (1, 2, 4, 8)
+    """Head counts H, swept inside a cell (the model has max(heads) heads, the rest masked)."""
     lr: tuple[float, ...] = (0.3, 1.0, 3.0)
+    """GD step sizes η, swept inside a cell."""
     noise: tuple[float, ...] = (0.5,)  # type: ignore[assignment]  # a grid here
     """Token noise levels (one cell each): e.g. 0.5 (easy) and 1.5 (hard)."""
     samples: int = 128
+    """Training samples n."""
     steps: int = 1000
+    """Full-batch GD steps."""
     instances: int = 4
+    """Random problems (data and start) per grid point."""
     seed: int = 0
+    """Root seed: instance i of every grid point draws from fold_in(key(seed), i)."""
 
     def run_cell(self, cell: dict[str, Any], key: jax.Array, engine: Engine):
         return self.train(

@@ -30,13 +30,19 @@ class Margin(ClassifierStudy):
     headline = "margin"
 
     init: tuple[Init, ...] = ("zero", "gaussian", "one_step")
+    """Initialisations: W = 0, W Gaussian, or one GD step of size one_step_lr from W = 0."""
     heads: tuple[int, ...] = (1, 2, 4, 8, 16)
+    """Head counts H (the model has max(heads) heads, the rest masked)."""
     samples: int = 64
+    """Training samples n."""
     one_step_lr: float = 1.0
     """η₀ of the one-step initialisation."""
     svm_iterations: int = 3000
+    """Iterations of the SVM dual solver."""
     instances: int = 4
+    """Random problems (data and start) per grid point."""
     seed: int = 0
+    """Root seed: instance i of every grid point draws from fold_in(key(seed), i)."""
 
     def run_cell(self, cell: dict[str, Any], key: jax.Array, engine: Engine):
         axes = {"init": self.init, "heads": self.heads}

@@ -28,17 +28,25 @@ class Regimes(Study):
     headline = "agreement"
 
     beta: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
+    """Teacher attention scales ‖Θ_i‖_F ≈ beta, swept inside each cell."""
     heads: tuple[int, ...] = (1, 2, 3)
+    """Heads m of the teachers (one cell each)."""
     tokens: tuple[int, ...] = (4,)
+    """Sequence lengths k (one cell each)."""
     inputs: tuple[TokenDistribution, ...] = ("boolean", "gaussian")
+    """Token distributions (one cell each): uniform on {±1}^d, or standard Gaussian."""
     dim: int = 8
+    """Token dimension d."""
     family: Family = "random"
+    """Teacher family: random draws, or a stress family that breaks a non-degeneracy check."""
     samples: int = 512
     """Fresh sequences per teacher for the attention statistics."""
     delta: float = 0.1
     """A row agrees when every head puts >= 1 − delta on one token value."""
     instances: int = 32
+    """Random teachers per grid point."""
     seed: int = 0
+    """Root seed: instance i of every grid point draws from fold_in(key(seed), i)."""
 
     def __post_init__(self):
         super().__post_init__()

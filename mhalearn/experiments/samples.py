@@ -24,11 +24,17 @@ class Samples(ClassifierStudy):
     headline = "test_loss"
 
     samples: tuple[int, ...] = (32, 64, 128, 256, 512)
+    """Training samples n (one cell each)."""
     heads: tuple[int, ...] = (1, 4)
+    """Head counts H, swept inside a cell (the model has max(heads) heads, the rest masked)."""
     lr: float = 1.0
+    """GD step size η."""
     steps: int = 500
+    """Full-batch GD steps."""
     instances: int = 4
+    """Random problems (data and start) per grid point."""
     seed: int = 0
+    """Root seed: instance i of every grid point draws from fold_in(key(seed), i)."""
 
     def run_cell(self, cell: dict[str, Any], key: jax.Array, engine: Engine):
         n = cell["samples"]

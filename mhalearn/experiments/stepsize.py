@@ -34,14 +34,23 @@ class StepSize(ClassifierStudy):
     headline = "largest_stable_lr"
 
     heads: tuple[int, ...] = (1, 2, 4, 8, 16)
+    """Head counts H (the model has max(heads) heads, the rest masked)."""
     lr: tuple[float, ...] = tuple(float(x) for x in np.geomspace(0.5, 128.0, 9))
+    """GD step sizes η tried; the largest stable one is reported."""
     samples: int = 128
+    """Training samples n."""
     steps: int = 200
+    """Full-batch GD steps per step size (the loss is logged at every step)."""
     rise_tol: float = 1e-4
+    """A step size is unstable once the training loss rises by more than this, relative."""
     power_iterations: int = 50
+    """Power iterations for the Hessian norms at the start."""
     score_samples: int = 8
+    """Training sequences over which ‖∇²Φ(X; θ₀)‖ is averaged."""
     instances: int = 4
+    """Random problems (data and start) per grid point."""
     seed: int = 0
+    """Root seed: instance i of every grid point draws from fold_in(key(seed), i)."""
 
     def run_cell(self, cell: dict[str, Any], key: jax.Array, engine: Engine):
         axes = {"heads": self.heads, "lr": self.lr}

@@ -1,0 +1,293 @@
+"""What every number in a results Dataset means: one registry, applied by :func:`annotate`.
+
+Each variable a study or :func:`~mhalearn.simulate` writes gets ``long_name`` (what a figure's
+axis says), a one-sentence ``description`` (its definition) and ``units`` where they apply
+(``relative``, ``rad``, ``steps``, ``nats``). Flags (0/1) also carry the CF attributes
+``flag_values`` and ``flag_meanings``. ``trace_NAME`` is NAME at the logged steps,
+``info_NAME`` a learner's own diagnostic, ``info_movement_FIELD[_relative]`` how far a
+parameter field moved.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, NamedTuple
+
+
+class Meta(NamedTuple):
+    long_name: str
+    description: str
+    units: str | None = None
+    flag: bool = False
+
+
+_REL = "relative"
+
+VARIABLES: dict[str, Meta] = {
+    # recovery of Chen–Li teachers (tasks.RegressionTask.evaluate)
+    "theta_error_max": Meta(
+        "largest relative error of a matched Θ_i",
+        "max over heads of ‖Θ̂_i − Θ_i‖_F / ‖Θ_i‖_F after Hungarian matching of the heads.",
+        _REL,
+    ),
+    "theta_error_mean": Meta(
+        "mean relative error of the matched Θ_i",
+        "Mean over heads of ‖Θ̂_i − Θ_i‖_F / ‖Θ_i‖_F after Hungarian matching of the heads.",
+        _REL,
+    ),
+    "w_error_max": Meta(
+        "largest relative error of a matched W_i",
+        "max over heads of ‖Ŵ_i − W_i‖_F / ‖W_i‖_F after Hungarian matching of the heads.",
+        _REL,
+    ),
+    "w_error_mean": Meta(
+        "mean relative error of the matched W_i",
+        "Mean over heads of ‖Ŵ_i − W_i‖_F / ‖W_i‖_F after Hungarian matching of the heads.",
+        _REL,
+    ),
+    "sum_w_error": Meta(
+        "relative error of ΣW",
+        "‖Σ_i Ŵ_i − Σ_i W_i‖_F / ‖Σ_i W_i‖_F (no matching needed).",
+        _REL,
+    ),
+    "span_angle": Meta(
+        "largest principal angle between the spans of the Θ's",
+        "Largest principal angle between span{Θ̂_i} and span{Θ_i} (0: the same subspace).",
+        "rad",
+    ),
+    "prediction_error": Meta(
+        "squared normalised prediction error",
+        "The squared ratio Σ_n ‖F̂(X_n) − F(X_n)‖²_F / Σ_n ‖F(X_n)‖²_F on fresh inputs of the "
+        "training distribution.",
+        _REL,
+    ),
+    "prediction_error_other": Meta(
+        "squared normalised prediction error, other inputs",
+        "The squared ratio Σ_n ‖F̂(X_n) − F(X_n)‖²_F / Σ_n ‖F(X_n)‖²_F on fresh inputs of the "
+        "other distribution (Boolean ↔ Gaussian).",
+        _REL,
+    ),
+    "success": Meta(
+        "recovered",
+        "1 when every matched Θ_i and W_i is within the relative Frobenius error given by the "
+        "attribute `tolerance`, else 0.",
+        flag=True,
+    ),
+    "teacher_accepted": Meta(
+        "teacher passed its checks",
+        "1 when the teacher's draw passed the family's non-degeneracy checks within "
+        "max_attempts draws; 0 when every draw failed and the last one was used.",
+        flag=True,
+    ),
+    # losses and errors (both tasks)
+    "train_loss": Meta(
+        "training loss",
+        "The training objective at the fitted parameters: the mean squared error over every "
+        "entry for regression, the mean logistic loss log(1 + exp(−y·Φ(X))) for "
+        "classification.",
+    ),
+    "train_error": Meta(
+        "training 0-1 error", "Share of training samples whose score has the wrong sign."
+    ),
+    "test_loss": Meta(
+        "test logistic loss",
+        "Mean logistic loss log(1 + exp(−y·Φ(X))) on fresh samples of the mixture.",
+        "nats",
+    ),
+    "test_error": Meta(
+        "test 0-1 error", "Share of fresh samples of the mixture whose score has the wrong sign."
+    ),
+    "active_heads": Meta(
+        "active heads H", "Number of heads the mask leaves on (the model's head count H)."
+    ),
+    # learner status (learners.base.Status)
+    "diverged": Meta(
+        "diverged",
+        "1 when the loss or the parameters became non-finite and the instance was frozen.",
+        flag=True,
+    ),
+    "diverged_at": Meta(
+        "step of divergence", "The step whose update was not finite; -1 when none.", "steps"
+    ),
+    "converged": Meta(
+        "stopped at the tolerance",
+        "1 when the learner stopped early because its loss reached its tolerance.",
+        flag=True,
+    ),
+    "steps_taken": Meta(
+        "steps taken", "Updates (or solver iterations) the learner applied.", "steps"
+    ),
+    # GD diagnostics (learners.gd)
+    "info_loss_sum": Meta(
+        "sum of training losses over the steps",
+        "Σ_t L̂(θ_t) over every applied update: the stability proxy is lr/samples times it.",
+    ),
+    # the certify-and-sculpt pipeline (learners.chen_li, a reconstruction)
+    "info_rows_certified": Meta(
+        "certified rows", "Output rows certified as all heads attending one token value."
+    ),
+    "info_constraints_kept": Meta(
+        "constraints in K", "Linear constraints of the polyhedron K kept from certified rows."
+    ),
+    "info_min_norm": Meta("‖min-norm point of K‖", "Frobenius norm of the min-norm point of K."),
+    "info_span_cost": Meta(
+        "cost after the search inside the span",
+        "Training cost of the chosen candidate at the end of its search restricted to the "
+        "estimated span (before the unrestricted polish).",
+    ),
+    "info_candidate_cost": Meta(
+        "cost of the chosen candidate", "Training cost of the chosen candidate after the polish."
+    ),
+    "info_candidates_accepted": Meta(
+        "candidates with a certificate",
+        "Candidates that fit the data and satisfy K (within the slack).",
+    ),
+    "info_accepted": Meta(
+        "certificate accepted",
+        "1 when some candidate fits the data and satisfies K; 0 when none does.",
+        flag=True,
+    ),
+    "info_crude_sum_w_error": Meta(
+        "relative error of the crude ΣW",
+        "‖M₀ − ΣW‖_F / ‖ΣW‖_F of the input–label correlation estimate M₀ (phase 1).",
+        _REL,
+    ),
+    "info_refined_sum_w_error": Meta(
+        "relative error of the refined ΣW",
+        "‖S − ΣW‖_F / ‖ΣW‖_F of the least-squares refit on certified rows (phase 3).",
+        _REL,
+    ),
+    "info_certified_sound": Meta(
+        "share of certified rows that are sound",
+        "Share of certified rows on which every true head puts at least 1 − δ on the "
+        "certified token value (NaN when no row is certified).",
+    ),
+    "info_min_norm_in_span": Meta(
+        "share of the min-norm point inside span{Θ_i}",
+        "‖projection of the min-norm point of K on span{Θ_i}‖ / ‖min-norm point‖.",
+    ),
+    "info_span_angle_estimate": Meta(
+        "largest principal angle of the span estimate",
+        "Largest principal angle between the estimated span and span{Θ_i} (phase 5).",
+        "rad",
+    ),
+    # teacher regimes (teachers.teacher_diagnostics)
+    "mean_max_attention": Meta(
+        "mean max attention weight",
+        "Mean over samples, heads and rows of the largest attention weight of the row.",
+    ),
+    "attention_entropy": Meta(
+        "attention entropy", "Mean over samples, heads and rows of −Σ_k A log A.", "nats"
+    ),
+    "agreement": Meta(
+        "share of rows where all heads agree",
+        "Share of output rows on which every head puts at least 1 − delta on one token value.",
+    ),
+    "sigma_ratio": Meta(
+        "σ_min(ΣW) / ‖ΣW‖₂", "Smallest over largest singular value of Σ_i W_i.", _REL
+    ),
+    "separation": Meta(
+        "head separation",
+        "min_{i≠j} ‖Θ_i − Θ_j‖_F / rms_j ‖Θ_j‖_F (inf for one head).",
+        _REL,
+    ),
+    "theta_sv": Meta(
+        "independence of the Θ's",
+        "Smallest singular value of the matrix whose rows are vec(Θ_i)/‖Θ_i‖_F.",
+    ),
+    "attempts": Meta("teacher draws", "Draws made until the checks passed (1: the first)."),
+    "accepted": Meta(
+        "teacher passed its checks",
+        "1 when a draw passed the checks within max_attempts draws.",
+        flag=True,
+    ),
+    # step sizes and curvature (experiments.stepsize)
+    "stable": Meta(
+        "step size stable",
+        "1 when GD did not diverge and the training loss never rose by more than rise_tol "
+        "relative.",
+        flag=True,
+    ),
+    "largest_stable_lr": Meta(
+        "largest stable step size η", "The largest stable step size of the grid (0: none)."
+    ),
+    "hessian_norm": Meta(
+        "‖∇²L̂(θ₀)‖", "Spectral norm of the training loss's Hessian at the start (power iteration)."
+    ),
+    "score_hessian_norm": Meta(
+        "‖∇²Φ(X; θ₀)‖",
+        "Mean over the first score_samples training sequences of the spectral norm of the "
+        "score's Hessian at the start.",
+    ),
+    "weak_convexity": Meta(
+        "weak-convexity ratio −λ_min(∇²L̂)/L̂",
+        "−λ_min(∇²L̂(θ₀)) / L̂(θ₀) at the start (power iteration).",
+    ),
+    # generalisation (experiments.samples)
+    "gap": Meta("generalisation gap", "Test loss minus training loss.", "nats"),
+    "stability_proxy": Meta(
+        "stability proxy (η/n)·Σ_t L̂(θ_t)",
+        "Step size over samples times the sum of training losses over the steps.",
+        "nats",
+    ),
+    # NTK margin (experiments.margin)
+    "margin": Meta(
+        "NTK margin γ at θ₀",
+        "γ = 1/√(Σα*) of the hard-margin SVM dual on the NTK Gram matrix (0: not separable).",
+    ),
+    "separable": Meta(
+        "NTK-separable",
+        "1 when the SVM solver certified the NTK features as linearly separable.",
+        flag=True,
+    ),
+}
+
+_MOVEMENT = re.compile(r"info_movement_(?P<field>\w+?)(?P<relative>_relative)?$")
+
+
+def meta(name: str) -> Meta | None:
+    """The registered meaning of a variable (``None`` if it has none)."""
+    if name in VARIABLES:
+        return VARIABLES[name]
+    if name.startswith("trace_"):
+        inner = "train_loss" if name == "trace_loss" else name[len("trace_") :]
+        base = meta(inner)
+        if base is None:
+            return None
+        return Meta(base.long_name, f"At each logged step: {base.description}", base.units)
+    moved = _MOVEMENT.match(name)
+    if moved:
+        field = moved["field"]
+        if moved["relative"]:
+            return Meta(
+                f"relative movement of {field}",
+                f"‖{field}_T − {field}_0‖_F / ‖{field}_0‖_F (inf when it started at zero).",
+                _REL,
+            )
+        return Meta(f"movement of {field}", f"‖{field}_T − {field}_0‖_F over training.")
+    return None
+
+
+def attributes(name: str) -> dict[str, Any]:
+    """The attributes :func:`annotate` gives variable ``name`` (``long_name`` only, from the
+    name, when it is not registered: a learner's own diagnostic)."""
+    m = meta(name)
+    if m is None:
+        return {"long_name": name.replace("_", " "), "description": "Not documented."}
+    out: dict[str, Any] = {"long_name": m.long_name, "description": m.description}
+    if m.units is not None:
+        out["units"] = m.units
+    if m.flag:
+        out["flag_values"] = [0, 1]
+        out["flag_meanings"] = "false true"
+    return out
+
+
+def annotate(ds, extra: dict[str, dict[str, Any]] | None = None):
+    """``ds`` with every data variable's attributes set (``extra``: more attributes by
+    variable name, e.g. ``{"success": {"tolerance": 1e-3}}``). Returns ``ds``."""
+    extra = extra or {}
+    for name in ds.data_vars:
+        ds[name].attrs.update(attributes(str(name)))
+        ds[name].attrs.update(extra.get(str(name), {}))
+    return ds
