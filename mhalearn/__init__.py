@@ -24,8 +24,15 @@ from mhalearn.kernels import (
     head_scale,
     mha,
 )
-from mhalearn.learners.base import Fit
-from mhalearn.learners.gd import GDConfig
+from mhalearn.learners import (
+    AlternatingConfig,
+    ChenLiConfig,
+    Fit,
+    GDConfig,
+    OracleConfig,
+    UniformConfig,
+    VarProConfig,
+)
 from mhalearn.metrics.recovery import (
     ParameterErrors,
     match_heads,
@@ -55,6 +62,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "FAMILIES",
+    "AlternatingConfig",
+    "ChenLiConfig",
     "ClassificationProblem",
     "ClassificationTask",
     "ClassifierParams",
@@ -64,6 +73,7 @@ __all__ = [
     "LayerParams",
     "Mixture",
     "MixtureSpec",
+    "OracleConfig",
     "ParameterDiagnostics",
     "ParameterErrors",
     "RegressionProblem",
@@ -72,6 +82,8 @@ __all__ = [
     "TeacherDiagnostics",
     "TeacherInfo",
     "TeacherSpec",
+    "UniformConfig",
+    "VarProConfig",
     "__version__",
     "attention_statistics",
     "attention_weights",

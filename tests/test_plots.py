@@ -1,7 +1,9 @@
-"""Every figure renders from a saved results file (Agg backend)."""
+"""Every figure renders from a saved results file (Agg backend) and says what it draws."""
 
 import matplotlib
+import numpy as np
 import pytest
+import xarray as xr
 
 from mhalearn import plots
 from mhalearn.store import load
@@ -11,15 +13,42 @@ matplotlib.use("Agg")
 
 
 @pytest.mark.parametrize("name", list(TINY))
-def test_every_figure_renders_from_a_saved_file(tiny_results, tmp_path, name):
-    _, path = tiny_results[name]
+def test_every_figure_renders_and_explains_itself(tiny_results, tmp_path, name):
+    study, path = tiny_results[name]
     fig = plots.plot(load(path))
     labels = [ax.get_xlabel() for ax in fig.axes]
-    assert all(labels) and len(fig.axes) >= 1
+    assert all(labels) and all(ax.get_ylabel() for ax in fig.axes)
     assert any(line.get_xydata().size for ax in fig.axes for line in ax.get_lines())
+    assert len(fig.legends) == 1 and not any(ax.get_legend() for ax in fig.axes)
+    texts = " ".join(t.get_text() for t in fig.texts)
+    assert f"{study.instances} " in texts and ("interquartile" in texts or "Wilson" in texts)
+    assert fig.get_suptitle()
     target = tmp_path / f"{name}.png"
     plots.save(fig, target)
     assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_sample_axes_show_the_values_and_curves_are_told_apart(tiny_results):
+    study, path = tiny_results["recovery"]
+    fig = plots.plot(load(path))
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == [str(n) for n in study.samples]
+    styles = {(line.get_marker(), line.get_linestyle()) for line in fig.axes[1].get_lines()}
+    assert len(styles) == len(study.learner)
+    xs = [tuple(line.get_xdata()) for line in fig.axes[1].get_lines()]
+    assert len(set(xs)) == len(xs)  # shifted: coinciding curves stay visible
+
+
+def test_wilson_intervals_match_the_closed_form():
+    k, n = np.array([0, 3, 10]), np.array([10, 10, 10])
+    lo, hi = plots.wilson(k, n)
+    z = 1.959963984540054
+    p = k / n
+    centre = (p + z**2 / (2 * n)) / (1 + z**2 / n)
+    half = z / (1 + z**2 / n) * np.sqrt(p * (1 - p) / n + z**2 / (4 * n**2))
+    np.testing.assert_allclose(lo, centre - half, atol=1e-12)
+    np.testing.assert_allclose(hi, centre + half, atol=1e-12)
+    assert np.isnan(plots.wilson(np.array([0]), np.array([0]))[0]).all()
 
 
 def test_unknown_results_are_refused(tiny_results):
@@ -27,3 +56,5 @@ def test_unknown_results_are_refused(tiny_results):
     ds.attrs["study"] = "nonsense"
     with pytest.raises(ValueError, match="no known study"):
         plots.plot(ds)
+    with pytest.raises(ValueError, match="no known study"):
+        plots.plot(xr.Dataset())

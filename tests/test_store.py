@@ -1,17 +1,20 @@
-"""Results on disk: atomic cells, resume after interruption (SIGKILL included), refusals."""
+"""Results on disk: atomic cells, resume after interruption (SIGKILL included), refusals that
+touch nothing, growing grids, and Datasets of every dtype written and read back unchanged."""
 
 import os
 import signal
 import subprocess
 import sys
 import time
+import warnings
 
 import numpy as np
 import pytest
 import xarray as xr
 
 from mhalearn.experiments import Regimes, run_study
-from mhalearn.store import Store, load
+from mhalearn.experiments.base import merge_cells
+from mhalearn.store import Store, load, writable_folder
 
 #: six cells of a few seconds each, so that a run can be killed between cells
 STUDY = Regimes(
@@ -23,6 +26,14 @@ ARGS = ["run", "regimes", "--beta", "1", "4", "--heads", "1", "2", "3", "--sampl
 
 def cli(*args):
     return [sys.executable, "-m", "mhalearn", *args]
+
+
+def snapshot(folder):
+    """Every path under ``folder`` with its bytes (None for folders)."""
+    return {
+        p.relative_to(folder): (None if p.is_dir() else p.read_bytes())
+        for p in sorted(folder.rglob("*"))
+    }
 
 
 def test_resume_computes_only_missing_cells_and_ends_identical(tmp_path, monkeypatch):
@@ -63,20 +74,51 @@ def test_a_run_killed_with_sigkill_resumes_to_the_uninterrupted_dataset(tmp_path
     assert not list((killed / "regimes").glob("**/.*.tmp*"))
 
 
-def test_other_config_is_refused_and_overwrite_replaces(tmp_path):
-    first = Store(tmp_path, STUDY.config())
+def fill(store):
+    """A finished-looking folder: a cell, results, a figure and a stray file."""
     ds = xr.Dataset({"x": ("instance", np.arange(3.0))})
-    first.write_cell("cell", ds)
-    first.write_results(ds)
-    first.figure_path.write_bytes(b"png")
-    other = Regimes(instances=4)
-    with pytest.raises(ValueError, match="different config; pass --overwrite"):
-        Store(tmp_path, other.config())
-    assert first.has("cell")  # a refusal touches nothing
+    store.write_cell("cell", ds)
+    store.write_results(ds)
+    store.figure_path.write_bytes(b"png")
+    (store.folder / "notes.txt").write_text("left by the old run")
+
+
+def test_other_config_is_refused_naming_the_fields_and_touching_nothing(tmp_path):
+    fill(Store(tmp_path, STUDY.config()))
+    before = snapshot(tmp_path)
+    other = Regimes(beta=(1.0, 4.0), heads=(1, 2, 3), samples=32, instances=3)
+    with pytest.raises(ValueError, match=r"different config \(samples is 16 there, 32 here\)"):
+        Store(tmp_path, other.config(), grid=other.static_axes)
+    assert snapshot(tmp_path) == before
+
+
+def test_overwrite_checks_first_and_then_removes_everything_of_the_old_run(tmp_path):
+    fill(Store(tmp_path, STUDY.config()))
+    before = snapshot(tmp_path)
+    other = Regimes(beta=(2.0,), heads=(1,), inputs=("boolean",), samples=8, instances=2)
     store = Store(tmp_path, other.config(), overwrite=True)
-    assert not list(store.cells.iterdir())
-    assert not store.results_path.exists() and not store.figure_path.exists()
+    assert snapshot(tmp_path) == before  # constructing only checks
+    assert not store.has("cell")  # overwriting: nothing old counts as done
+    run_study(other, store)
+    left = {p.name for p in tmp_path.iterdir()}
+    assert left == {"config.json", "cells", "results.nc"}  # the stray notes are gone
+    assert [p.name for p in store.cells.iterdir()] == ["inputs-boolean_heads-1_tokens-4.nc"]
     Store(tmp_path, other.config())  # the same config again is welcome
+
+
+def test_unwritable_or_file_outputs_are_refused_before_anything_is_made(tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    with pytest.raises(ValueError, match=r"out: .*afile is a file, not a folder"):
+        Store(afile, STUDY.config())
+    with pytest.raises(ValueError, match=r"out: .*lies inside .*afile, which is a file"):
+        Store(afile / "sub", STUDY.config())
+    with pytest.raises(ValueError, match="compilation-cache: cannot write to /proc/forbidden"):
+        writable_folder("compilation-cache", "/proc/forbidden")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
+    deep = tmp_path / "a" / "b"
+    Store(deep, STUDY.config())
+    assert not (tmp_path / "a").exists()  # checked, not created
 
 
 def test_foreign_folder_is_refused_and_missing_file_reported(tmp_path):
@@ -85,13 +127,21 @@ def test_foreign_folder_is_refused_and_missing_file_reported(tmp_path):
         Store(tmp_path, STUDY.config())
     with pytest.raises(ValueError, match="no results file"):
         load(tmp_path / "missing.nc")
+    with pytest.raises(ValueError, match=r"is a folder without a results\.nc"):
+        load(tmp_path)
+    (tmp_path / "bad.nc").write_text("not netCDF")
+    with pytest.raises(ValueError, match=r"bad\.nc is not a readable netCDF results file"):
+        load(tmp_path / "bad.nc")
 
 
-def test_stale_temporary_files_are_removed(tmp_path):
+def test_stale_temporary_files_are_removed_when_the_store_opens(tmp_path):
     store = Store(tmp_path, STUDY.config())
+    store.open()
     stale = store.cells / ".cell.nc.tmp123"
     stale.write_bytes(b"half a file")
-    Store(tmp_path, STUDY.config())
+    again = Store(tmp_path, STUDY.config())
+    assert stale.exists()  # checking touches nothing
+    again.open()
     assert not stale.exists()
 
 
@@ -107,3 +157,63 @@ def test_no_pickle_in_results(tmp_path):
     assert back.attrs == ds.attrs
     with open(store.cells / "x.nc", "rb") as f:
         assert f.read(8) == b"\x89HDF\r\n\x1a\n"  # netCDF-4 (HDF5), not a pickle
+
+
+DTYPES = (np.bool_, np.int8, np.int32, np.int64, np.float32, np.float64)
+
+
+class _TwoCells(Regimes):
+    """A study whose cells are the two learners below (only ``static_axes`` matter here)."""
+
+    static_axes = ("learner",)
+
+
+def test_every_dtype_survives_merging_writing_and_reading_with_missing_cells(tmp_path):
+    rng = np.random.default_rng(0)
+
+    def cell(with_all):
+        data = {}
+        for dt in DTYPES:
+            values = rng.integers(-3, 4, size=3)
+            data[f"v_{np.dtype(dt).name}"] = ("instance", values.astype(dt))
+            if with_all:  # only this learner has them, as a learner's own diagnostics
+                data[f"own_{np.dtype(dt).name}"] = ("instance", values.astype(dt))
+        return xr.Dataset(data, coords={"instance": np.arange(3)})
+
+    cells = [{"learner": "a"}, {"learner": "b"}]
+    datasets = [cell(True), cell(False)]
+    merged = merge_cells(_TwoCells(), cells, datasets)
+    store = Store(tmp_path, {"study": "two"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no SerializationWarning, no cast of NaN
+        store.write_results(merged)
+        back = load(store.results_path)
+    for dt in DTYPES:
+        name = np.dtype(dt).name
+        full = back[f"v_{name}"]
+        assert full.dtype == np.dtype(dt)  # complete: the dtype is kept
+        for j in range(2):
+            np.testing.assert_array_equal(full.values[j], datasets[j][f"v_{name}"].values)
+        own = back[f"own_{name}"]
+        assert np.all(np.isnan(own.sel(learner="b").values))  # missing reads back as missing
+        np.testing.assert_array_equal(
+            own.sel(learner="a").values, datasets[0][f"own_{name}"].values.astype(float)
+        )
+
+
+def test_growing_a_grid_computes_only_the_new_cells_and_equals_a_fresh_run(tmp_path, monkeypatch):
+    small = Regimes(beta=(1.0, 4.0), heads=(1, 2), inputs=("boolean",), samples=8, instances=2)
+    large = Regimes(beta=(1.0, 4.0), heads=(1, 2, 3), inputs=("boolean",), samples=8, instances=2)
+    run_study(small, Store(tmp_path / "grown", small.config(), grid=small.static_axes))
+    ran = []
+    original = Regimes.run_cell
+    monkeypatch.setattr(Regimes, "run_cell", lambda s, c, *a: ran.append(c) or original(s, c, *a))
+    grown = run_study(large, Store(tmp_path / "grown", large.config(), grid=large.static_axes))
+    assert ran == [{"inputs": "boolean", "heads": 3, "tokens": 4}]
+    fresh = run_study(large, Store(tmp_path / "fresh", large.config()))
+    xr.testing.assert_identical(grown, fresh)
+    xr.testing.assert_identical(load(tmp_path / "grown" / "results.nc"), fresh)
+    # a change off the grid is refused, naming the field
+    other = Regimes(beta=(1.0, 4.0), heads=(1, 2, 3), inputs=("boolean",), samples=8, dim=6)
+    with pytest.raises(ValueError, match="dim is 8 there, 6 here"):
+        Store(tmp_path / "grown", other.config(), grid=other.static_axes)
