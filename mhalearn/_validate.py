@@ -86,7 +86,7 @@ def in_range(
         left = "(" if open_low else "["
         right = ")" if high == float("inf") else "]"
         raise ValueError(
-            f"{name} must be a finite number in {left}{low}, {high}{right}, received {value!r}"
+            f"{name} must lie in {left}{low}, {high}{right} (a finite number), received {value!r}"
         )
 
 

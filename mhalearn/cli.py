@@ -180,8 +180,10 @@ def _exit_on_signals(message: str) -> None:
     temporary name and renamed, so stopping anywhere loses at most the cell in progress."""
     read, write = os.pipe()
     os.set_blocking(write, False)
+    once = threading.Lock()  # the handler and the watcher may both wake: one speaks and exits
 
     def leave(signum: int) -> None:
+        once.acquire()
         line = f"mhalearn: {signal.Signals(signum).name}: interrupted; {message}\n"
         os.write(2, (("\n" if sys.stderr.isatty() else "") + line).encode())
         os._exit(128 + signum)

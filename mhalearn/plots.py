@@ -147,7 +147,7 @@ def _settings(ds, names: Sequence[str]) -> str:
     return ", ".join(shown)
 
 
-def _finish(fig, title: str, caption: str):
+def finish(fig, title: str, caption: str):
     """Title (with the fixed settings), one legend for the figure, the caption below."""
     import textwrap
 
@@ -219,7 +219,7 @@ def recovery(ds):
         "curves are shifted slightly along N so that coinciding ones stay visible."
     )
     title = "Recovering Chen–Li teachers: " + _settings(ds, ("dim", "tokens", "beta", "family"))
-    return _finish(fig, title, caption)
+    return finish(fig, title, caption)
 
 
 def regimes(ds):
@@ -232,7 +232,7 @@ def regimes(ds):
     for j, dist in enumerate(inputs):
         cell = ds.sel(inputs=dist).isel(tokens=0)
         for i, h in enumerate(heads):
-            kw = {"label": f"m = {h} heads", "shift": shift(i, len(heads)), **style(i)}
+            kw = {"label": f"heads m = {h}", "shift": shift(i, len(heads)), **style(i)}
             band(axes[0, j], cell["agreement"].sel(heads=h), "beta", color=f"C{i}", **kw)
             band(axes[1, j], cell["mean_max_attention"].sel(heads=h), "beta", color=f"C{i}", **kw)
         axes[0, j].set(title=f"{dist} tokens", ylabel=_label(ds, "agreement"))
@@ -251,7 +251,7 @@ def regimes(ds):
     title = f"Attention regimes of random teachers: tokens {tokens}, " + _settings(
         ds, ("dim", "family")
     )
-    return _finish(fig, title, caption)
+    return finish(fig, title, caption)
 
 
 def _classifier_settings(ds) -> str:
@@ -299,7 +299,7 @@ def heads(ds):
         f"Classifier training with H heads: samples {config.get('samples', '?')}, steps "
         f"{config.get('steps', '?')}, " + _classifier_settings(ds)
     )
-    return _finish(fig, title, caption)
+    return finish(fig, title, caption)
 
 
 def _guide(ax, x: np.ndarray, y0: float, power: float, label: str) -> None:
@@ -356,7 +356,7 @@ def stepsize(ds):
         f"Curvature and step size vs heads: samples {config.get('samples', '?')}, "
         + _classifier_settings(ds)
     )
-    return _finish(fig, title, caption)
+    return finish(fig, title, caption)
 
 
 def samples(ds):
@@ -394,7 +394,7 @@ def samples(ds):
         f"{config.get('steps', '?')} steps; gap = test loss − training loss (points where it "
         "is negative are not drawn on the log axis)."
     )
-    return _finish(fig, "Generalisation vs samples: " + _classifier_settings(ds), caption)
+    return finish(fig, "Generalisation vs samples: " + _classifier_settings(ds), caption)
 
 
 def margin(ds):
@@ -418,7 +418,7 @@ def margin(ds):
         "separable, bars: Wilson 95% interval. Inits: zero (W = 0), gaussian (W Gaussian), "
         f"one_step (one GD step of size {config.get('one_step_lr', '?')} from W = 0)."
     )
-    return _finish(fig, "NTK margin at initialisation: " + _classifier_settings(ds), caption)
+    return finish(fig, "NTK margin at initialisation: " + _classifier_settings(ds), caption)
 
 
 FIGURES: dict[str, Callable[[Any], Any]] = {

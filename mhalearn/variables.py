@@ -97,6 +97,11 @@ VARIABLES: dict[str, Meta] = {
     "test_error": Meta(
         "test 0-1 error", "Share of fresh samples of the mixture whose score has the wrong sign."
     ),
+    "relevant_attention": Meta(
+        "attention on relevant tokens",
+        "Mean over held-out samples, active heads and queries of the attention weight on the "
+        "positions that carry the label's mean.",
+    ),
     "active_heads": Meta(
         "active heads H", "Number of heads the mask leaves on (the model's head count H)."
     ),

@@ -36,6 +36,22 @@ def test_keys_are_fold_in_of_global_index():
     )
 
 
+def test_progress_reports_compiling_then_every_instance_in_order():
+    seen = []
+    out = mh.map_instances(
+        lambda k, p, s: p * 2.0,
+        jax.random.key(0),
+        5,
+        np.arange(5.0),
+        chunk_size=2,
+        progress=lambda *event: seen.append(event),
+    )
+    np.testing.assert_array_equal(out, np.arange(5.0) * 2)
+    assert seen[0] == ("compiling", 0, 5) and seen[-1] == ("done", 5, 5)
+    running = [done for phase, done, total in seen if phase == "running"]
+    assert running == sorted(running) and running[-1] == 5 and len(running) >= 5
+
+
 def test_per_instance_and_shared_arguments():
     def fn(key, per, shared):
         return {

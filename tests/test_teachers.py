@@ -89,8 +89,9 @@ def test_checks_do_reject_and_resample():
     assert np.max(info.attempts) > 1 and np.all(info.accepted)
     diag = jax.vmap(mh.parameter_diagnostics)(teachers.theta, teachers.W)
     assert np.all(np.asarray(diag.sigma_ratio) * 6 >= 1.0)
-    # an impossible threshold is reported, not hidden
-    impossible = mh.TeacherSpec(heads=2, dim=4, tokens=4, min_theta_sv=1.5, max_attempts=5)
+    # a threshold no draw meets (perfectly conditioned ΣW) is reported, not hidden; one above
+    # the ratio's ceiling is refused (tests/test_validation.py)
+    impossible = mh.TeacherSpec(heads=2, dim=4, tokens=4, min_sigma_ratio=4.0, max_attempts=5)
     _, info = mh.sample_teacher_with_info(KEY, impossible)
     assert not info.accepted and info.attempts == 5
 
