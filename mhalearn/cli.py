@@ -363,7 +363,15 @@ def _parse(argv: list[str]):
                 break
             body.append(line)
         message = " ".join(body) or "invalid arguments"
+        message = re.sub(r"^Error parsing [^:]*__tyro[^:]*: ", "", message)  # a spec's own
         message = re.sub(r"^Error parsing ([^:]*): ", r"\1: ", message)
+        if "Argument helptext:" in lines:  # say what the option takes
+            usage = lines[lines.index("Argument helptext:") + 1].strip()
+            message = re.sub(
+                r"Could not find valid parse for arguments: \[(.*)\]$",
+                rf"cannot read \1 (expected {usage})",
+                message,
+            )
         message = re.sub(
             r"invalid literal for int\(\) with base 10: ('[^']*')",
             r"expected an integer, received \1",

@@ -148,7 +148,8 @@ def _settings(ds, names: Sequence[str]) -> str:
 
 
 def finish(fig, title: str, caption: str):
-    """Title (with the fixed settings), one legend for the figure, the caption below."""
+    """Title (with the fixed settings), one legend for the figure and the caption below the
+    panels; the figure grows to make room for them, so the panels keep their size."""
     import textwrap
 
     handles, labels = {}, []
@@ -157,15 +158,23 @@ def finish(fig, title: str, caption: str):
             if label not in handles and not label.startswith("_"):
                 handles[label] = handle
                 labels.append(label)
-    width = fig.get_figwidth()
-    chars = max(60, int(width * 15))
+        if ax.get_legend() is not None:
+            ax.get_legend().remove()
+    width, height = fig.get_figwidth(), fig.get_figheight()
+    chars = max(60, int(width * 14))
     caption = "\n".join(textwrap.wrap(caption, chars))
-    rows = caption.count("\n") + 1
+    title = "\n".join(textwrap.wrap(title, int(width * 11)))
     legend_rows = 0
     if labels:
         longest = max(len(label) for label in labels) + 6
         ncol = max(1, min(len(labels), int(width * 13 // longest)))
         legend_rows = -(-len(labels) // ncol)
+    legend = 0.24 * legend_rows + (0.1 if labels else 0.0)  # inches, from the bottom up
+    text = 0.18 * (caption.count("\n") + 1)
+    top = 0.22 * (title.count("\n") + 1) + 0.04
+    total = height + legend + text + top
+    fig.set_figheight(total)
+    if labels:
         fig.legend(
             [handles[label] for label in labels],
             labels,
@@ -173,13 +182,11 @@ def finish(fig, title: str, caption: str):
             ncol=ncol,
             fontsize="small",
             frameon=False,
-            bbox_to_anchor=(0.5, 0.0),
+            bbox_to_anchor=(0.5, 0.02 / total),
         )
-    height = fig.get_figheight()
-    bottom = (0.3 * legend_rows + 0.19 * rows + 0.2) / height
-    fig.text(0.5, bottom - 0.05 / height, caption, ha="center", va="top", fontsize="small")
-    fig.suptitle("\n".join(textwrap.wrap(title, chars)), fontsize="medium")
-    fig.tight_layout(rect=(0, bottom + 0.02, 1, 1))
+    fig.text(0.5, (legend + text + 0.1) / total, caption, ha="center", va="top", fontsize="small")
+    fig.suptitle(title, fontsize="medium", y=1 - 0.05 / total, va="top")
+    fig.tight_layout(rect=(0, (legend + text + 0.15) / total, 1, 1 - top / total))
     return fig
 
 

@@ -190,7 +190,7 @@ def files(tmp_path_factory):
 BAD = [
     (["run", "nonsense"], "unknown study 'nonsense'; expected one of recovery, regimes"),
     (["run", "regimes", "--instances", "1.5"], "--instances: expected an integer"),
-    (["run", "regimes", "--beta", "x"], "--beta"),
+    (["run", "regimes", "--beta", "x"], "--beta: cannot read 'x' (expected --beta [FLOAT"),
     (["run", "regimes", "--heads", "0"], "heads must be an integer >= 1, received 0"),
     (["run", "recovery", "--instances", "0"], "instances must be an integer >= 1"),
     (["run", "regimes", "--dim", "0"], "dim must be an integer >= 1"),
@@ -234,6 +234,7 @@ def test_every_bad_input_gets_one_line_exit_2_and_no_traceback(files):
         results = list(pool.map(one, BAD))
     for (args, fragment), out in results:
         lines = out.stderr.strip().splitlines()
+        assert "__tyro" not in out.stderr, (args, out.stderr)
         assert out.returncode == 2, (args, out.stderr)
         assert len(lines) == 1 and lines[0].startswith("mhalearn: error: "), (args, out.stderr)
         assert fragment.replace("{root}", str(files)) in lines[0], (args, lines[0])

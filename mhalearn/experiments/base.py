@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any, ClassVar
@@ -234,6 +235,14 @@ def run_study(study: Study, store=None, engine: Engine = Engine(), quiet: bool =
             disable=None,
         )
     tic = time.perf_counter()
+    ticking = threading.Event()
+    if bar is not None and not bar.disable:  # the elapsed time moves while XLA compiles
+
+        def tick():
+            while not ticking.wait(1.0):
+                bar.refresh()
+
+        threading.Thread(target=tick, name="mhalearn-progress", daemon=True).start()
     try:
         for cell in todo:
             name = cell_id(cell)
@@ -252,6 +261,7 @@ def run_study(study: Study, store=None, engine: Engine = Engine(), quiet: bool =
             if bar is not None:
                 bar.update(1)
     finally:
+        ticking.set()
         if bar is not None:
             bar.close()
     if store is not None:
