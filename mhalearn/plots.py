@@ -376,12 +376,12 @@ def samples(ds):
         one = ds.sel(heads=h)
         kw = {"shift": shift(i, len(hs)), "color": f"C{i}"}
         band(axes[0, 0], one["test_loss"], "samples", label=f"H = {h}", **kw, **style(i))
-        band(axes[0, 1], one["gap"], "samples", label=f"H = {h}, gap", **kw, **style(i))
+        band(axes[0, 1], one["gap"], "samples", label=f"H = {h}", **kw, **style(i))
         band(
             axes[0, 1],
             one["stability_proxy"],
             "samples",
-            label=f"H = {h}, (η/n)Σ_t L̂(θ_t)",
+            label=f"H = {h}, stability proxy (right, dashed)",
             linestyle="--",
             marker=STYLES[i % len(STYLES)][0],
             markerfacecolor="none",
