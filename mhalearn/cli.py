@@ -161,12 +161,14 @@ def _bench_description() -> str:
     return f"{plain(Bench.__doc__)} Benchmarks: {listed}."
 
 
-_COMMANDS = Union[  # noqa: UP007
-    Annotated[Run, tyro.conf.subcommand("run", description=plain(Run.__doc__))],
-    Annotated[List, tyro.conf.subcommand("list", description=plain(List.__doc__))],
-    Annotated[Plot, tyro.conf.subcommand("plot", description=plain(Plot.__doc__))],
-    Annotated[Bench, tyro.conf.subcommand("bench", description=_bench_description())],
-]
+def _commands():
+    """The subcommands, built when the command parses (the benchmark list reads files)."""
+    return Union[  # noqa: UP007
+        Annotated[Run, tyro.conf.subcommand("run", description=plain(Run.__doc__))],
+        Annotated[List, tyro.conf.subcommand("list", description=plain(List.__doc__))],
+        Annotated[Plot, tyro.conf.subcommand("plot", description=plain(Plot.__doc__))],
+        Annotated[Bench, tyro.conf.subcommand("bench", description=_bench_description())],
+    ]
 
 
 # ---- interrupts ------------------------------------------------------------------------------
@@ -240,27 +242,27 @@ def run(cfg: Run) -> Path:
 
 def _teacher_report(ds) -> list[str]:
     """A warning when some teachers failed their non-degeneracy checks."""
-    for name in ("teacher_accepted", "accepted"):
-        if name in ds:
-            flags = ds[name].values
-            known = flags[flags == flags]  # not NaN
-            failed = int((known == 0).sum())
-            if failed:
-                return [
-                    f"mhalearn: warning: {failed} of {known.size} instances used a teacher that "
-                    "failed its non-degeneracy checks in max_attempts draws (the last draw was "
-                    f"used; see {name})"
-                ]
-    return []
+    if "teacher_accepted" not in ds:
+        return []
+    flags = ds["teacher_accepted"].values
+    known = flags[flags == flags]  # not NaN
+    failed = int((known == 0).sum())
+    if not failed:
+        return []
+    return [
+        f"mhalearn: warning: {failed} of {known.size} instances used a teacher that failed its "
+        "non-degeneracy checks in max_attempts draws (the last draw was used; see "
+        "teacher_accepted)"
+    ]
 
 
 def list_studies(_: List) -> None:
     for name, cls in STUDIES.items():
         default = " (default)" if name == DEFAULT else ""
         print(f"{name}{default}: {cls.summary}")
-        docs = field_docs(cls)
+        docs, defaults = field_docs(cls), cls()
         for f in dataclasses.fields(cls):
-            print(f"    --{f.name.replace('_', '-')} {_show(getattr(cls(), f.name))}")
+            print(f"    --{f.name.replace('_', '-')} {_show(getattr(defaults, f.name))}")
             print(f"        {docs.get(f.name, '')}")
 
 
@@ -344,7 +346,7 @@ def _parse(argv: list[str]):
     try:
         with contextlib.redirect_stderr(captured):
             return tyro.cli(
-                _COMMANDS,
+                _commands(),
                 prog="mhalearn",
                 description=_description(),
                 args=_place_study(argv),

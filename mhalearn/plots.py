@@ -33,9 +33,12 @@ LABELS = {
 STYLES = [("o", "-"), ("s", "--"), ("^", "-."), ("D", ":"), ("v", "-"), ("P", "--"), ("X", "-.")]
 
 
-def style(i: int) -> dict[str, Any]:
+def style(i: int, linestyle: str | None = None, hollow: bool = False) -> dict[str, Any]:
+    """The i-th curve's colour, marker and line style (``linestyle`` to impose one, e.g. solid
+    for training and dashed for test curves; ``hollow``: open markers)."""
     marker, line = STYLES[i % len(STYLES)]
-    return {"marker": marker, "linestyle": line}
+    out = {"color": f"C{i}", "marker": marker, "linestyle": linestyle or line}
+    return {**out, "markerfacecolor": "none"} if hollow else out
 
 
 def shift(i: int, n: int, spread: float = 0.04) -> float:
@@ -209,8 +212,8 @@ def recovery(ds):
             one = cell.sel(learner=learner)
             label = learner_label(str(learner), config)
             kw = {"label": label, "shift": shift(i, len(learners)), **style(i)}
-            rate(axes[0, j], one["success"], "samples", color=f"C{i}", **kw)
-            band(axes[1, j], one["prediction_error"], "samples", color=f"C{i}", **kw)
+            rate(axes[0, j], one["success"], "samples", **kw)
+            band(axes[1, j], one["prediction_error"], "samples", **kw)
         axes[0, j].set(title=f"heads m = {h}", ylabel="share of teachers recovered")
         axes[0, j].set_ylim(-0.05, 1.05)
         axes[1, j].set(ylabel=_label(ds, "prediction_error"))
@@ -240,8 +243,8 @@ def regimes(ds):
         cell = ds.sel(inputs=dist).isel(tokens=0)
         for i, h in enumerate(heads):
             kw = {"label": f"heads m = {h}", "shift": shift(i, len(heads)), **style(i)}
-            band(axes[0, j], cell["agreement"].sel(heads=h), "beta", color=f"C{i}", **kw)
-            band(axes[1, j], cell["mean_max_attention"].sel(heads=h), "beta", color=f"C{i}", **kw)
+            band(axes[0, j], cell["agreement"].sel(heads=h), "beta", **kw)
+            band(axes[1, j], cell["mean_max_attention"].sel(heads=h), "beta", **kw)
         axes[0, j].set(title=f"{dist} tokens", ylabel=_label(ds, "agreement"))
         axes[0, j].set_yscale("log")
         axes[1, j].set(ylabel=_label(ds, "mean_max_attention"))
@@ -278,17 +281,9 @@ def heads(ds):
             cell = ds.sel(noise=noise, lr=lr).isel(step=shown)
             for i, h in enumerate(hs):
                 one = cell.sel(heads=h)
-                band(ax, one["trace_loss"], "step", label=f"H = {h}, train", color=f"C{i}")
-                band(
-                    ax,
-                    one["trace_test_loss"],
-                    "step",
-                    label=f"H = {h}, test",
-                    color=f"C{i}",
-                    linestyle="--",
-                    marker=STYLES[i % len(STYLES)][0],
-                    markerfacecolor="none",
-                )
+                band(ax, one["trace_loss"], "step", label=f"H = {h}, train", **style(i, "-"))
+                test = style(i, "--", hollow=True)
+                band(ax, one["trace_test_loss"], "step", label=f"H = {h}, test", **test)
             ax.set(
                 title=f"η = {lr:g}, noise σ = {noise:g}",
                 xlabel=LABELS["step"],
@@ -322,15 +317,14 @@ def stepsize(ds):
     h = ds["heads"].values
     band(axes[0, 0], ds["largest_stable_lr"], "heads", label="largest stable η (grid)", **style(0))
     norm = _median(ds["hessian_norm"])
-    axes[0, 0].plot(h, 2 / norm, color="C1", label="2 / median ‖∇²L̂(θ₀)‖", **style(1))
+    axes[0, 0].plot(h, 2 / norm, label="2 / median ‖∇²L̂(θ₀)‖", **style(1))
     axes[0, 0].set(ylabel=LABELS["lr"])
-    band(axes[0, 1], ds["hessian_norm"], "heads", label="‖∇²L̂(θ₀)‖ (loss)", color="C2", **style(2))
+    band(axes[0, 1], ds["hessian_norm"], "heads", label="‖∇²L̂(θ₀)‖ (loss)", **style(2))
     band(
         axes[0, 1],
         ds["score_hessian_norm"],
         "heads",
         label="‖∇²Φ(X; θ₀)‖ (score)",
-        color="C3",
         **style(3),
     )
     _guide(axes[0, 1], h, float(_median(ds["score_hessian_norm"])[0]), -0.5, "∝ 1/√H")
@@ -340,7 +334,6 @@ def stepsize(ds):
         ds["weak_convexity"],
         "heads",
         label="−λ_min(∇²L̂)/L̂ at θ₀",
-        color="C4",
         **style(4),
     )
     _guide(axes[0, 2], h, float(np.abs(_median(ds["weak_convexity"])[0])), -0.5, "∝ 1/√H")
@@ -374,19 +367,11 @@ def samples(ds):
     hs = ds["heads"].values
     for i, h in enumerate(hs):
         one = ds.sel(heads=h)
-        kw = {"shift": shift(i, len(hs)), "color": f"C{i}"}
-        band(axes[0, 0], one["test_loss"], "samples", label=f"H = {h}", **kw, **style(i))
-        band(axes[0, 1], one["gap"], "samples", label=f"H = {h}", **kw, **style(i))
-        band(
-            axes[0, 1],
-            one["stability_proxy"],
-            "samples",
-            label=f"H = {h}, stability proxy (right, dashed)",
-            linestyle="--",
-            marker=STYLES[i % len(STYLES)][0],
-            markerfacecolor="none",
-            **kw,
-        )
+        at = shift(i, len(hs))
+        band(axes[0, 0], one["test_loss"], "samples", f"H = {h}", at, **style(i, "-"))
+        band(axes[0, 1], one["gap"], "samples", f"H = {h}", at, **style(i, "-"))
+        proxy = f"H = {h}, stability proxy (right, dashed)"
+        band(axes[0, 1], one["stability_proxy"], "samples", proxy, at, **style(i, "--", True))
     first = float(np.nanmedian(_median(ds["test_loss"].isel(samples=0))))
     _guide(axes[0, 0], n, first, -1.0, "∝ 1/n")
     axes[0, 0].set(ylabel=_label(ds, "test_loss"))
@@ -410,7 +395,7 @@ def margin(ds):
     fig, axes = _figure(1, 2)
     inits, h = ds["init"].values, ds["heads"].values
     for i, init in enumerate(inits):
-        kw = {"label": str(init), "shift": shift(i, len(inits)), "color": f"C{i}", **style(i)}
+        kw = {"label": str(init), "shift": shift(i, len(inits)), **style(i)}
         band(axes[0, 0], ds["margin"].sel(init=init), "heads", **kw)
         rate(axes[0, 1], ds["separable"].sel(init=init), "heads", **kw)
     axes[0, 0].set(ylabel="NTK margin γ at θ₀ (0: not separable)")

@@ -201,11 +201,6 @@ VARIABLES: dict[str, Meta] = {
         "Smallest singular value of the matrix whose rows are vec(Θ_i)/‖Θ_i‖_F.",
     ),
     "attempts": Meta("teacher draws", "Draws made until the checks passed (1: the first)."),
-    "accepted": Meta(
-        "teacher passed its checks",
-        "1 when a draw passed the checks within max_attempts draws.",
-        flag=True,
-    ),
     # step sizes and curvature (experiments.stepsize)
     "stable": Meta(
         "step size stable",

@@ -81,7 +81,7 @@ class Regimes(Study):
                 "separation": p.separation,
                 "theta_sv": p.theta_sv,
                 "attempts": info.attempts,
-                "accepted": info.accepted,
+                "teacher_accepted": info.accepted,
             }
 
         beta = jnp.asarray(values["beta"], jnp.result_type(float))
