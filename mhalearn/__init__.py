@@ -5,6 +5,7 @@ one instance and batched with ``jax.vmap``. Library code never enables float64: 
 ``jax.config.update("jax_enable_x64", True)`` in your own entry point to opt in.
 """
 
+from mhalearn._version import __version__
 from mhalearn.batch import enable_compilation_cache, map_instances, split_cpu
 from mhalearn.data import (
     Mixture,
@@ -14,7 +15,6 @@ from mhalearn.data import (
     sample_tokens,
     tokenized_mixture,
 )
-from mhalearn.fused import layer_outputs, squared_loss_and_grad
 from mhalearn.kernels import (
     ClassifierSpec,
     attention_weights,
@@ -24,6 +24,7 @@ from mhalearn.kernels import (
     head_scale,
     mha,
 )
+from mhalearn.layer import layer_outputs, squared_loss_and_grad
 from mhalearn.learners import (
     AlternatingConfig,
     ChenLiConfig,
@@ -57,8 +58,6 @@ from mhalearn.teachers import (
     sample_teacher_with_info,
     teacher_diagnostics,
 )
-
-__version__ = "0.1.0"
 
 __all__ = [
     "FAMILIES",

@@ -16,17 +16,18 @@
   receives the full results. On a CPU split into one device per core (:func:`split_cpu`)
   the cores run instance programs side by side.
 - **Vector width.** The compiled unit is a group of ``vector_width`` instances, vmapped, on
-  one device (a group of one is not vmapped at all: a size-1 batch axis through the program
-  made XLA:CPU's kernels slower). Groups are dispatched asynchronously, round robin over the
-  devices (dispatching one device's groups first left the others idle). The width is
-  fixed, not derived from the chunk or the device count, so every instance is computed by
-  the same program and results are bitwise identical for every chunk size and device count.
+  one device (a group of one is not vmapped at all, so the program runs plain, unbatched
+  kernels). Groups are dispatched asynchronously, round robin over the devices, so every
+  device has work from the start. The width is fixed, not derived from the chunk or the
+  device count, so every instance is computed by the same program and results are bitwise
+  identical for every chunk size and device count.
 - **Compiler options.** Instance programs are compiled with :func:`compiler_options` (on CPU:
   matrix products through the YNNPACK library) unless ``options`` says otherwise.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import time
@@ -41,7 +42,8 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jaxtyping import PRNGKeyArray, PyTree
 
-from mhalearn._validate import positive_int
+from mhalearn._validate import choice, positive_int
+from mhalearn._version import __version__
 
 AXIS = "instances"
 
@@ -79,6 +81,13 @@ def split_cpu(count: int | None = None) -> int:
     return count
 
 
+def set_precision(precision: str) -> None:
+    """Compute in ``"float32"`` or ``"float64"`` from now on (JAX's x64 switch). Library code
+    never calls it; entry points (the command, notebooks, benchmarks, tests) do, once, first."""
+    choice("precision", precision, ("float32", "float64"))
+    jax.config.update("jax_enable_x64", precision == "float64")
+
+
 def enable_compilation_cache(folder: str) -> None:
     """Keep compiled programs in ``folder`` across processes (JAX's persistent compilation
     cache): a second run of the same shapes skips XLA compilation."""
@@ -94,9 +103,8 @@ def default_vector_width(devices: Sequence[jax.Device]) -> int:
 
 
 # XLA:CPU hands matrix products to the YNNPACK library when this (experimental) option is
-# set, one product at a time (fusing the softmax into them was slower): at the standard
-# benchmark shape +14% on a CPU split per core, +63% on one device; a little slower at
-# (heads, dim, tokens) = (4, 64, 16). Measure: benchmarks/compare.py [--xla-defaults].
+# set, one product at a time: faster at the small shapes the studies run (benchmarks/compare.py
+# measures it against XLA's defaults with --xla-defaults).
 _CPU_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"}
 
 
@@ -140,6 +148,84 @@ def _split_key(root_key: PRNGKeyArray) -> tuple[np.ndarray, Callable[[jax.Array]
     return np.asarray(root_key), lambda d: d
 
 
+@dataclasses.dataclass(frozen=True)
+class Engine:
+    """How instances are run, never what is computed: the options of :func:`map_instances`
+    (results do not depend on them). :func:`~mhalearn.simulate.simulate`,
+    :func:`~mhalearn.simulate.measure` and the studies take them as ``**engine.kwargs()``."""
+
+    chunk_size: int | None = None
+    devices: int | Sequence[jax.Device] | None = None
+    vector_width: int | None = None
+    options: dict[str, str | bool | int] | None = None
+    progress: bool | Progress = False
+
+    def __post_init__(self):
+        for name in ("chunk_size", "vector_width"):
+            if getattr(self, name) is not None:
+                positive_int(name, getattr(self, name))
+        if isinstance(self.devices, int):
+            positive_int("devices", self.devices)
+
+    def kwargs(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+def provenance(devices: Sequence[jax.Device] | None = None) -> dict[str, Any]:
+    """Where and how results were computed: versions, device kind and count, precision."""
+    devs = select_devices(devices)
+    return {
+        "mhalearn_version": __version__,
+        "jax_version": jax.__version__,
+        "device_kind": devs[0].device_kind,
+        "devices": len(devs),
+        "precision": "float64" if jax.config.jax_enable_x64 else "float32",
+    }
+
+
+def _checked_key_ids(key_ids: np.ndarray | None, instances: int) -> np.ndarray:
+    key_ids = np.arange(instances) if key_ids is None else np.asarray(key_ids)
+    if key_ids.shape != (instances,) or not np.issubdtype(key_ids.dtype, np.integer):
+        raise ValueError(
+            f"key_ids: expected integers of shape (instances,) = ({instances},), "
+            f"received {key_ids.dtype} of shape {key_ids.shape}"
+        )
+    if key_ids.min() < 0 or key_ids.max() >= 2**32:
+        raise ValueError(
+            f"key_ids must lie in [0, 2**32), received {key_ids.min()} .. {key_ids.max()}"
+        )
+    return key_ids.astype(np.uint32)  # what fold_in takes, with or without x64
+
+
+def _checked_per_instance(per_instance: PyTree, instances: int) -> PyTree:
+    per_instance = jax.tree.map(np.asarray, per_instance)
+    for path, leaf in jax.tree_util.tree_leaves_with_path(per_instance):
+        if leaf.shape[:1] != (instances,):
+            raise ValueError(
+                f"per_instance{jax.tree_util.keystr(path)}: expected a leading axis of length "
+                f"instances = {instances}, received shape {leaf.shape}"
+            )
+    return per_instance
+
+
+def _group_program(fn: Callable, shared_static: PyTree, rebuild_key: Callable, width: int):
+    """The compiled unit: ``fn`` on one group of ``width`` instances, on one device."""
+
+    def instance_group(ids, per, shared_dyn, key_data):
+        root = rebuild_key(key_data)
+        everything = eqx.combine(shared_dyn, shared_static)
+
+        def one(i, p):
+            return fn(jax.random.fold_in(root, i), p, everything)
+
+        if width == 1:  # no batch axis of size 1 through the program: plain kernels
+            out = one(ids[0], jax.tree.map(lambda a: a[0], per))
+            return jax.tree.map(lambda a: jnp.expand_dims(a, 0), out)
+        return jax.vmap(one)(ids, per)
+
+    return instance_group
+
+
 def map_instances(
     fn: Callable[[PRNGKeyArray, PyTree, PyTree], PyTree],
     root_key: PRNGKeyArray,
@@ -180,51 +266,16 @@ def map_instances(
         instances if chunk_size is None else min(positive_int("chunk_size", chunk_size), instances)
     )
     chunk = math.ceil(chunk / unit) * unit
-
-    key_ids = np.arange(instances) if key_ids is None else np.asarray(key_ids)
-    if key_ids.shape != (instances,) or not np.issubdtype(key_ids.dtype, np.integer):
-        raise ValueError(
-            f"key_ids: expected integers of shape (instances,) = ({instances},), "
-            f"received {key_ids.dtype} of shape {key_ids.shape}"
-        )
-    if key_ids.min() < 0 or key_ids.max() >= 2**32:
-        raise ValueError(
-            f"key_ids must lie in [0, 2**32), received {key_ids.min()} .. {key_ids.max()}"
-        )
-    key_ids = key_ids.astype(np.uint32)  # what fold_in takes, with or without x64
-    per_instance = jax.tree.map(np.asarray, per_instance)
-    for path, leaf in jax.tree_util.tree_leaves_with_path(per_instance):
-        if leaf.shape[:1] != (instances,):
-            raise ValueError(
-                f"per_instance{jax.tree_util.keystr(path)}: expected a leading axis of length "
-                f"instances = {instances}, received shape {leaf.shape}"
-            )
+    key_ids = _checked_key_ids(key_ids, instances)
+    per_instance = _checked_per_instance(per_instance, instances)
     shared_dynamic, shared_static = eqx.partition(shared, eqx.is_array_like)
     shared_dynamic = jax.tree.map(jnp.asarray, shared_dynamic)
     key_data, rebuild_key = _split_key(root_key)
-
-    mesh = Mesh(np.array(devs), (AXIS,))
-    split = NamedSharding(mesh, PartitionSpec(AXIS))
-    block = chunk // len(devs)
     mine = [d for d in devs if d.process_index == jax.process_index()]
 
-    def instance_group(ids, per, shared_dyn, key_data):
-        root = rebuild_key(key_data)
-        everything = eqx.combine(shared_dyn, shared_static)
-
-        def one(i, p):
-            return fn(jax.random.fold_in(root, i), p, everything)
-
-        if width == 1:  # no batch axis of size 1 through the program: plain kernels
-            out = one(ids[0], jax.tree.map(lambda a: a[0], per))
-            return jax.tree.map(lambda a: jnp.expand_dims(a, 0), out)
-        return jax.vmap(one)(ids, per)
-
-    # The compiled unit is one group of `width` instances on one device: the same
-    # single-device program everywhere. (An SPMD-partitioned program is compiled differently
-    # from a single-device one, which changes the last bits with the number of devices; and
-    # a scan over vmapped groups has deadlocked XLA:CPU 0.10 here, so groups are dispatched
-    # from the host, asynchronously.)
+    # Every device runs the same single-device program on its groups: an SPMD-partitioned
+    # program would be compiled differently from a single-device one, and its last bits would
+    # change with the number of devices.
     on_device = {d: jax.device_put((shared_dynamic, key_data), d) for d in mine}
 
     def group_args(rows: np.ndarray, device: jax.Device):
@@ -235,40 +286,51 @@ def map_instances(
     tic = time.perf_counter()
     if report is not None:
         report("compiling", 0, instances)
+    program = _group_program(fn, shared_static, rebuild_key, width)
     first = np.zeros(width, dtype=np.int64)  # rows of the first group, to compile
     options = compiler_options(devs) if options is None else options
-    run_group = {d: _compile(instance_group, group_args(first, d), options) for d in mine}
+    run_group = {d: _compile(program, group_args(first, d), options) for d in mine}
     toc = time.perf_counter()
 
-    pieces = []
-    for start in range(0, instances, chunk):
-        rows = np.minimum(np.arange(start, start + chunk), instances - 1)  # pad with the last
-        groups = {d: [] for d in mine}
-        dispatched = []  # (group, its first row) in dispatch order
-        for g in range(0, block, width):  # round robin: every device is kept busy from the start
-            for d in mine:
-                lo = devs.index(d) * block + g
-                groups[d].append(run_group[d](*group_args(rows[lo : lo + width], d)))  # async
-                dispatched.append((groups[d][-1], start + lo))
-        if report is not None:  # groups finish roughly in dispatch order: wait for each
-            for group, row in dispatched:
-                jax.block_until_ready(group)
-                report("running", min(row + width, instances), instances)
-        outs = [_stack_groups(gs, d) for d, gs in groups.items()]
-        out = jax.tree.map(
-            lambda *shards: jax.make_array_from_single_device_arrays(
-                (chunk, *shards[0].shape[1:]), split, list(shards)
-            ),
-            *outs,
-        )
-        valid = min(chunk, instances - start)
-        pieces.append(jax.tree.map(lambda a, valid=valid: _host(a)[:valid], out))
+    pieces = [
+        _run_chunk(run_group, group_args, devs, mine, start, chunk, width, instances, report)
+        for start in range(0, instances, chunk)
+    ]
     if report is not None:
         report("done", instances, instances)
     result = jax.tree.map(lambda *parts: np.concatenate(parts), *pieces)
     if stats is not None:
         stats.update(compile_seconds=toc - tic, run_seconds=time.perf_counter() - toc)
     return result
+
+
+def _run_chunk(run_group, group_args, devs, mine, start, chunk, width, instances, report):
+    """One chunk of instances: its groups dispatched asynchronously, round robin over the
+    devices so that every device has work from the start; the results on the host."""
+    block = chunk // len(devs)
+    mesh = Mesh(np.array(devs), (AXIS,))
+    split = NamedSharding(mesh, PartitionSpec(AXIS))
+    rows = np.minimum(np.arange(start, start + chunk), instances - 1)  # pad with the last
+    groups = {d: [] for d in mine}
+    dispatched = []  # (group, its first row) in dispatch order
+    for g in range(0, block, width):
+        for d in mine:
+            lo = devs.index(d) * block + g
+            groups[d].append(run_group[d](*group_args(rows[lo : lo + width], d)))  # async
+            dispatched.append((groups[d][-1], start + lo))
+    if report is not None:  # groups finish roughly in dispatch order: wait for each
+        for group, row in dispatched:
+            jax.block_until_ready(group)
+            report("running", min(row + width, instances), instances)
+    outs = [_stack_groups(gs, d) for d, gs in groups.items()]
+    out = jax.tree.map(
+        lambda *shards: jax.make_array_from_single_device_arrays(
+            (chunk, *shards[0].shape[1:]), split, list(shards)
+        ),
+        *outs,
+    )
+    valid = min(chunk, instances - start)
+    return jax.tree.map(lambda a: _host(a)[:valid], out)
 
 
 def _stack_groups(groups: list[PyTree], device: jax.Device) -> PyTree:

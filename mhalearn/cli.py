@@ -204,16 +204,14 @@ def _exit_on_signals(message: str) -> None:
 
 def run(cfg: Run) -> Path:
     """Validate every option, then run: nothing is written before all of them pass."""
-    import jax
-
     from mhalearn import split_cpu
 
     study = cfg.study
     if cfg.cpu_devices is not None:
         split_cpu(cfg.cpu_devices)
-    from mhalearn import enable_compilation_cache, plots
-    from mhalearn.batch import select_devices
-    from mhalearn.experiments import Engine, run_study
+    from mhalearn import enable_compilation_cache
+    from mhalearn.batch import Engine, select_devices, set_precision
+    from mhalearn.experiments import plot, run_study
     from mhalearn.store import Store, writable_folder
 
     progress = not cfg.quiet and sys.stderr.isatty()
@@ -225,13 +223,13 @@ def run(cfg: Run) -> Path:
     config = {**study.config(), "precision": precision}
     store = Store(cfg.out / study.name, config, cfg.overwrite, grid=study.static_axes)
 
-    jax.config.update("jax_enable_x64", precision == "float64")
+    set_precision(precision)
     if cfg.compilation_cache is not None:
         enable_compilation_cache(str(cfg.compilation_cache))
     tic = time.perf_counter()
     ds = run_study(study, store, engine, quiet=cfg.quiet)
     _use_agg()
-    figure = store.write_figure(plots.plot(ds))
+    figure = store.write_figure(plot(ds))
     if not cfg.quiet:
         print(study.summarize(ds))
         for line in _teacher_report(ds):
@@ -274,6 +272,7 @@ def _show(value) -> str:
 
 def plot(cfg: Plot) -> Path:
     from mhalearn import plots
+    from mhalearn.experiments import plot as figure_of
     from mhalearn.store import load
 
     ds = load(cfg.results)
@@ -284,7 +283,7 @@ def plot(cfg: Plot) -> Path:
     else:
         figure = cfg.results.with_suffix(".png")
     _use_agg()
-    fig = plots.plot(ds)
+    fig = figure_of(ds)
     try:
         plots.save(fig, figure)
     except OSError as err:

@@ -36,6 +36,11 @@ def gaussian_tokens(key: PRNGKeyArray, shape, dtype=None) -> Float[Array, ...]:
     return jax.random.normal(key, shape, dtype=_float_dtype(dtype))
 
 
+def same_token(X: Float[Array, "samples tokens dim"]) -> Bool[Array, "samples tokens tokens"]:
+    """``[n, b, c]``: tokens b and c of sequence n have the same value (identical vectors)."""
+    return jnp.all(X[:, :, None, :] == X[:, None, :, :], axis=-1)
+
+
 def sample_tokens(
     key: PRNGKeyArray, distribution: TokenDistribution, shape, dtype=None
 ) -> Float[Array, ...]:

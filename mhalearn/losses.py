@@ -7,9 +7,14 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float
 
 
+def mean_square(residual: Float[Array, ...]) -> Float[Array, ""]:
+    """Mean of the squared entries of a residual."""
+    return jnp.mean(residual**2)
+
+
 def squared_loss(pred: Float[Array, ...], target: Float[Array, ...]) -> Float[Array, ""]:
     """Mean squared error over every entry (samples × tokens × dim)."""
-    return jnp.mean((pred - target) ** 2)
+    return mean_square(pred - target)
 
 
 def logistic_loss(

@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -46,7 +46,7 @@ def shift(i: int, n: int, spread: float = 0.04) -> float:
     return float(np.exp(spread * (i - (n - 1) / 2)))
 
 
-def _figure(rows: int, cols: int, width: float = 4.2, height: float = 3.4):
+def panels(rows: int, cols: int, width: float = 4.2, height: float = 3.4):
     import matplotlib.pyplot as plt
 
     size = (max(width * cols, 7.5), height * rows)  # room for the title, legend and caption
@@ -104,13 +104,13 @@ def rate(ax, da, x: str, label: str | None = None, shift: float = 1.0, **kw: Any
     ax.errorbar(xs, share, yerr=[share - lo, hi - share], label=label, capsize=3, **kw)
 
 
-def _median(da) -> np.ndarray:
+def median(da) -> np.ndarray:
     """Median over ``instance`` (NaN-aware), as an array over the other dims."""
     with _quiet():
         return np.nanmedian(da.transpose(..., "instance").values, axis=-1)
 
 
-def _label(ds, name: str) -> str:
+def label_of(ds, name: str) -> str:
     return ds[name].attrs.get("long_name", name.replace("_", " "))
 
 
@@ -128,16 +128,16 @@ def values_axis(ax, values: Sequence[float], label: str) -> None:
     ax.set_xlabel(label)
 
 
-def _config(ds) -> dict[str, Any]:
+def config_of(ds) -> dict[str, Any]:
     try:
         return json.loads(ds.attrs.get("config", "{}"))
     except ValueError:
         return {}
 
 
-def _settings(ds, names: Sequence[str]) -> str:
+def settings(ds, names: Sequence[str]) -> str:
     """``name value`` for each fixed setting of the study that wrote ``ds``."""
-    config = _config(ds)
+    config = config_of(ds)
     shown = []
     for name in names:
         if name in config:
@@ -193,245 +193,14 @@ def finish(fig, title: str, caption: str):
     return fig
 
 
-def _instances(ds) -> int:
+def instances(ds) -> int:
     return int(ds.sizes["instance"])
 
 
-def recovery(ds):
-    """Success rate (Wilson 95% bars) and median squared normalised prediction error (IQR
-    band) vs samples, a curve per learner, a column per head count."""
-    from mhalearn.experiments.recovery import learner_label
-
-    config = _config(ds)
-    heads, learners = ds["heads"].values, ds["learner"].values
-    fig, axes = _figure(2, len(heads))
-    n = ds["samples"].values
-    for j, h in enumerate(heads):
-        cell = ds.sel(heads=h)
-        for i, learner in enumerate(learners):
-            one = cell.sel(learner=learner)
-            label = learner_label(str(learner), config)
-            kw = {"label": label, "shift": shift(i, len(learners)), **style(i)}
-            rate(axes[0, j], one["success"], "samples", **kw)
-            band(axes[1, j], one["prediction_error"], "samples", **kw)
-        axes[0, j].set(title=f"heads m = {h}", ylabel="share of teachers recovered")
-        axes[0, j].set_ylim(-0.05, 1.05)
-        axes[1, j].set(ylabel=_label(ds, "prediction_error"))
-        axes[1, j].set_yscale("log")
-        for ax in axes[:, j]:
-            values_axis(ax, n, LABELS["samples"])
-    tol = ds["success"].attrs.get("tolerance", config.get("success_tol", "?"))
-    caption = (
-        f"Top: share of the {_instances(ds)} teachers per point recovered (every matched Θ_i "
-        f"and W_i within relative Frobenius error {tol:g}), bars: Wilson 95% interval. Bottom: "
-        f"median over the {_instances(ds)} teachers of Σ‖F̂(X) − F(X)‖²_F / Σ‖F(X)‖²_F on fresh "
-        "inputs, band: interquartile range. Every learner sees the same teachers and samples; "
-        "curves are shifted slightly along N so that coinciding ones stay visible."
-    )
-    title = "Recovering Chen–Li teachers: " + _settings(ds, ("dim", "tokens", "beta", "family"))
-    return finish(fig, title, caption)
-
-
-def regimes(ds):
-    """Share of rows on which every head agrees (log scale) and mean max attention vs β,
-    a curve per head count, a column per input distribution (first tokens value)."""
-    inputs = ds["inputs"].values
-    heads = ds["heads"].values
-    fig, axes = _figure(2, len(inputs))
-    tokens = int(ds["tokens"].values[0])
-    for j, dist in enumerate(inputs):
-        cell = ds.sel(inputs=dist).isel(tokens=0)
-        for i, h in enumerate(heads):
-            kw = {"label": f"heads m = {h}", "shift": shift(i, len(heads)), **style(i)}
-            band(axes[0, j], cell["agreement"].sel(heads=h), "beta", **kw)
-            band(axes[1, j], cell["mean_max_attention"].sel(heads=h), "beta", **kw)
-        axes[0, j].set(title=f"{dist} tokens", ylabel=_label(ds, "agreement"))
-        axes[0, j].set_yscale("log")
-        axes[1, j].set(ylabel=_label(ds, "mean_max_attention"))
-        for ax in axes[:, j]:
-            values_axis(ax, ds["beta"].values, LABELS["beta"])
-    config = _config(ds)
-    caption = (
-        f"Median over {_instances(ds)} random teachers per point, band: interquartile range; "
-        f"statistics on {config.get('samples', '?')} fresh sequences per teacher. A row agrees "
-        f"when every head puts at least 1 − δ = {1 - config.get('delta', float('nan')):g} of "
-        "its attention on one token value (rows where none agree are 0 and not drawn on the "
-        "log axis)."
-    )
-    title = f"Attention regimes of random teachers: tokens {tokens}, " + _settings(
-        ds, ("dim", "family")
-    )
-    return finish(fig, title, caption)
-
-
-def _classifier_settings(ds) -> str:
-    return _settings(ds, ("tokens", "dim", "relevant_fraction", "irrelevant_means", "head_scaling"))
-
-
-def heads(ds):
-    """Training loss (solid) and test loss (dashed) vs step, a curve per head count, a
-    column per step size, a row per noise level; log–log."""
-    lrs, noises, hs = ds["lr"].values, ds["noise"].values, ds["heads"].values
-    fig, axes = _figure(len(noises), len(lrs))
-    steps = ds["step"].values
-    shown = np.flatnonzero(steps > 0)
-    for r, noise in enumerate(noises):
-        for j, lr in enumerate(lrs):
-            ax = axes[r, j]
-            cell = ds.sel(noise=noise, lr=lr).isel(step=shown)
-            for i, h in enumerate(hs):
-                one = cell.sel(heads=h)
-                band(ax, one["trace_loss"], "step", label=f"H = {h}, train", **style(i, "-"))
-                test = style(i, "--", hollow=True)
-                band(ax, one["trace_test_loss"], "step", label=f"H = {h}, test", **test)
-            ax.set(
-                title=f"η = {lr:g}, noise σ = {noise:g}",
-                xlabel=LABELS["step"],
-                ylabel="logistic loss",
-            )
-            ax.set_xscale("log")
-            ax.set_yscale("log")
-    caption = (
-        f"Median over {_instances(ds)} random training sets and starts per point, band: "
-        "interquartile range; solid: training loss, dashed (open markers): test loss on a "
-        "held-out draw of the mixture. Full-batch GD, the same problems for every H and η."
-    )
-    config = _config(ds)
-    title = (
-        f"Classifier training with H heads: samples {config.get('samples', '?')}, steps "
-        f"{config.get('steps', '?')}, " + _classifier_settings(ds)
-    )
-    return finish(fig, title, caption)
-
-
-def _guide(ax, x: np.ndarray, y0: float, power: float, label: str) -> None:
+def guide(ax, x: np.ndarray, y0: float, power: float, label: str) -> None:
     """A dotted c·x^power line through (x[0], y0)."""
     x = np.asarray(x, dtype=float)
     ax.plot(x, y0 * (x / x[0]) ** power, "k:", label=label)
-
-
-def stepsize(ds):
-    """Largest stable step size vs heads; ‖∇²L̂(θ₀)‖ and the weak-convexity ratio vs heads,
-    with a 1/√H guide; log–log."""
-    fig, axes = _figure(1, 3)
-    h = ds["heads"].values
-    band(axes[0, 0], ds["largest_stable_lr"], "heads", label="largest stable η (grid)", **style(0))
-    norm = _median(ds["hessian_norm"])
-    axes[0, 0].plot(h, 2 / norm, label="2 / median ‖∇²L̂(θ₀)‖", **style(1))
-    axes[0, 0].set(ylabel=LABELS["lr"])
-    band(axes[0, 1], ds["hessian_norm"], "heads", label="‖∇²L̂(θ₀)‖ (loss)", **style(2))
-    band(
-        axes[0, 1],
-        ds["score_hessian_norm"],
-        "heads",
-        label="‖∇²Φ(X; θ₀)‖ (score)",
-        **style(3),
-    )
-    _guide(axes[0, 1], h, float(_median(ds["score_hessian_norm"])[0]), -0.5, "∝ 1/√H")
-    axes[0, 1].set(ylabel="Hessian spectral norm at θ₀")
-    band(
-        axes[0, 2],
-        ds["weak_convexity"],
-        "heads",
-        label="−λ_min(∇²L̂)/L̂ at θ₀",
-        **style(4),
-    )
-    _guide(axes[0, 2], h, float(np.abs(_median(ds["weak_convexity"])[0])), -0.5, "∝ 1/√H")
-    axes[0, 2].set(ylabel=_label(ds, "weak_convexity"))
-    for ax in axes[0]:
-        values_axis(ax, h, LABELS["heads"])
-        ax.set_yscale("log")
-    config = _config(ds)
-    lrs = config.get("lr", [])
-    caption = (
-        f"Median over {_instances(ds)} random problems per head count, band: interquartile "
-        f"range. A step size is stable when {config.get('steps', '?')} full-batch GD steps "
-        "never raise the training loss (by more than rise_tol, relative) and stay finite; the "
-        f"grid is {len(lrs)} values from {min(lrs, default=float('nan')):g} to "
-        f"{max(lrs, default=float('nan')):g}. Norms by {config.get('power_iterations', '?')} "
-        "power iterations on Hessian-vector products; the score's norm is averaged over "
-        f"{config.get('score_samples', '?')} training sequences."
-    )
-    title = (
-        f"Curvature and step size vs heads: samples {config.get('samples', '?')}, "
-        + _classifier_settings(ds)
-    )
-    return finish(fig, title, caption)
-
-
-def samples(ds):
-    """Test loss vs samples (log–log, with an n^(−1) guide), and the generalisation gap
-    beside the stability proxy, a curve per head count."""
-    fig, axes = _figure(1, 2)
-    n = ds["samples"].values
-    hs = ds["heads"].values
-    for i, h in enumerate(hs):
-        one = ds.sel(heads=h)
-        at = shift(i, len(hs))
-        band(axes[0, 0], one["test_loss"], "samples", f"H = {h}", at, **style(i, "-"))
-        band(axes[0, 1], one["gap"], "samples", f"H = {h}", at, **style(i, "-"))
-        proxy = f"H = {h}, stability proxy (right, dashed)"
-        band(axes[0, 1], one["stability_proxy"], "samples", proxy, at, **style(i, "--", True))
-    first = float(np.nanmedian(_median(ds["test_loss"].isel(samples=0))))
-    _guide(axes[0, 0], n, first, -1.0, "∝ 1/n")
-    axes[0, 0].set(ylabel=_label(ds, "test_loss"))
-    axes[0, 1].set(ylabel="gap (solid) and stability proxy (dashed)")
-    for ax in axes[0]:
-        values_axis(ax, n, "training samples n")
-        ax.set_yscale("log")
-    config = _config(ds)
-    caption = (
-        f"Median over {_instances(ds)} random training sets and starts per point, band: "
-        f"interquartile range. Full-batch GD, η = {config.get('lr', '?')}, "
-        f"{config.get('steps', '?')} steps; gap = test loss − training loss (points where it "
-        "is negative are not drawn on the log axis)."
-    )
-    return finish(fig, "Generalisation vs samples: " + _classifier_settings(ds), caption)
-
-
-def margin(ds):
-    """NTK margin at initialisation vs heads, a curve per initialisation (log x), and the
-    share of NTK-separable training sets with Wilson 95% bars."""
-    fig, axes = _figure(1, 2)
-    inits, h = ds["init"].values, ds["heads"].values
-    for i, init in enumerate(inits):
-        kw = {"label": str(init), "shift": shift(i, len(inits)), **style(i)}
-        band(axes[0, 0], ds["margin"].sel(init=init), "heads", **kw)
-        rate(axes[0, 1], ds["separable"].sel(init=init), "heads", **kw)
-    axes[0, 0].set(ylabel="NTK margin γ at θ₀ (0: not separable)")
-    axes[0, 1].set(ylabel="share of NTK-separable training sets")
-    axes[0, 1].set_ylim(-0.05, 1.05)
-    for ax in axes[0]:
-        values_axis(ax, h, LABELS["heads"])
-    config = _config(ds)
-    caption = (
-        f"Left: median over {_instances(ds)} random training sets of n = "
-        f"{config.get('samples', '?')} per point, band: interquartile range. Right: share "
-        "separable, bars: Wilson 95% interval. Inits: zero (W = 0), gaussian (W Gaussian), "
-        f"one_step (one GD step of size {config.get('one_step_lr', '?')} from W = 0)."
-    )
-    return finish(fig, "NTK margin at initialisation: " + _classifier_settings(ds), caption)
-
-
-FIGURES: dict[str, Callable[[Any], Any]] = {
-    "recovery": recovery,
-    "regimes": regimes,
-    "heads": heads,
-    "stepsize": stepsize,
-    "samples": samples,
-    "margin": margin,
-}
-
-
-def plot(ds):
-    """The figure of the study that produced ``ds``."""
-    study = ds.attrs.get("study")
-    if study not in FIGURES:
-        raise ValueError(
-            f"the results carry no known study (attribute study={study!r}); "
-            f"expected one of {sorted(FIGURES)}"
-        )
-    return FIGURES[study](ds)
 
 
 def save(fig, path) -> None:

@@ -5,7 +5,7 @@ A problem is what every learner takes (``fit(key, problem, config)``). It knows:
 - ``init(key)``: the student's starting parameters;
 - ``loss(params, idx=None)``: the training loss on all samples, or on the samples ``idx``;
 - ``loss_and_grad(params, idx=None)``: that loss and its gradient (gradient learners call
-  it; the regression problem's is derived by hand, :mod:`mhalearn.fused`);
+  it; the regression problem's is derived by hand, :mod:`mhalearn.layer`);
 - ``samples``: the training-set size.
 
 Numbers (init scales) are PyTree leaves; structure (student heads, model spec) is static.
@@ -21,8 +21,8 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
 from mhalearn._validate import check_shapes, positive_int
-from mhalearn.fused import layer_outputs, squared_loss_and_grad
 from mhalearn.kernels import ClassifierSpec, classifier_score
+from mhalearn.layer import layer_outputs, squared_loss_and_grad
 from mhalearn.losses import logistic_loss, squared_loss
 from mhalearn.params import ClassifierParams, LayerParams
 

@@ -4,6 +4,9 @@
 >>> res = simulate(jax.random.key(0), task, GDConfig(steps=2000), instances=1000)
 >>> res.metrics["success"].mean(), res.to_xarray()
 
+A per-instance computation that is not a fit (teacher diagnostics, a margin at the start)
+goes through :func:`measure`, which :func:`simulate` is built on: one key split for all.
+
 Numbers in ``task`` and ``learner`` (β, noise, init scales, learning rate, ...) are shared by
 every instance when they are scalars, and swept when they are arrays of shape
 ``(instances,)``: the whole sweep is one compilation.
@@ -13,8 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import equinox as eqx
 import jax
@@ -22,7 +25,9 @@ import numpy as np
 from jaxtyping import PRNGKeyArray
 
 from mhalearn._validate import positive_int
-from mhalearn.batch import Progress, map_instances, select_devices
+from mhalearn.batch import Engine, Progress, map_instances, provenance, select_devices
+from mhalearn.learners.base import Learner
+from mhalearn.tasks import Task
 from mhalearn.variables import annotate
 
 
@@ -80,7 +85,7 @@ class Results:
     # (instances,): diverged, diverged_at, converged, steps_taken and the task's checks
     # (teacher_accepted: the teacher passed its non-degeneracy checks)
     status: dict[str, np.ndarray]
-    trace_steps: np.ndarray  # (snapshots,)
+    trace_steps: np.ndarray | None  # (snapshots,); None when nothing was traced
     trace: dict[str, np.ndarray]  # (instances, snapshots): loss and monitored metrics
     sweep: dict[str, np.ndarray]  # (instances,): every swept number, by its path in the spec
     key_ids: np.ndarray  # (instances,): instance i used fold_in(root_key, key_ids[i])
@@ -92,32 +97,68 @@ class Results:
         return {**self.metrics, **self.status, **{f"trace_{k}": v for k, v in self.trace.items()}}
 
     def to_xarray(self):
-        """The results as an ``xarray.Dataset`` (dims ``instance`` and ``step``)."""
-        import xarray as xr
-
-        dims = {1: ("instance",), 2: ("instance", "step")}
-        data = {k: (dims[np.ndim(v)], v) for k, v in self.arrays().items()}
-        coords = {
-            "instance": np.arange(len(self.key_ids)),
-            "step": self.trace_steps,
-            "key_id": ("instance", self.key_ids),
-            **{k: ("instance", v) for k, v in self.sweep.items()},
-        }
-        ds = xr.Dataset(data, coords=coords, attrs=self.attrs)
+        """The results as an ``xarray.Dataset`` (dims ``instance`` and ``step``; flags as 0/1
+        ``int8``), every swept number and the key ids as coordinates."""
+        ds = grid_dataset(self.arrays(), {}, len(self.key_ids), self.trace_steps)
+        ds = ds.assign_coords(
+            key_id=("instance", self.key_ids), **{k: ("instance", v) for k, v in self.sweep.items()}
+        )
+        ds.attrs = dict(self.attrs)
         tolerance = self.attrs.get("success_tol")
         return annotate(ds, {"success": {"tolerance": tolerance}} if tolerance else None)
 
 
-def instance_keys(key: PRNGKeyArray) -> tuple[PRNGKeyArray, PRNGKeyArray, PRNGKeyArray]:
+def grid_dataset(
+    arrays: dict[str, np.ndarray],
+    axes: dict[str, Sequence[Any]],
+    instances: int,
+    steps: np.ndarray | None = None,
+):
+    """A Dataset from flat per-instance arrays, instance last within each grid point (as
+    :func:`~mhalearn.experiments.base.product_grid` lays them out): the leading axis reshaped
+    to (axes..., instance); a second axis, when present, is ``step``. Flags become 0/1
+    ``int8``."""
+    import xarray as xr
+
+    shape = (*(len(v) for v in axes.values()), instances)
+    dims = (*axes, "instance")
+    data = {}
+    for name, a in arrays.items():
+        a = np.asarray(a)
+        if a.dtype == bool:
+            a = a.astype(np.int8)
+        extra = ("step",) if a.ndim == 2 else ()
+        data[name] = ((*dims, *extra), a.reshape(*shape, *a.shape[1:]))
+    coords = {name: np.asarray(v) for name, v in axes.items()}
+    coords["instance"] = np.arange(instances)
+    if steps is not None:
+        coords["step"] = np.asarray(steps)
+    return xr.Dataset(data, coords=coords)
+
+
+class InstanceKeys(NamedTuple):
+    """One instance's keys, split from its instance key ``fold_in(root, key_id)``."""
+
+    problem: PRNGKeyArray  # the task's draw: the truth and the training set
+    fit: PRNGKeyArray  # the learner's: its start, minibatches, restarts
+    evaluate: PRNGKeyArray  # the scoring's: fresh test data, random probes
+
+
+def instance_keys(key: PRNGKeyArray) -> InstanceKeys:
     """The keys of one instance's problem, fit and evaluation, from its instance key."""
-    k_problem, k_fit, k_eval = jax.random.split(key, 3)
-    return k_problem, k_fit, k_eval
+    return InstanceKeys(*jax.random.split(key, 3))
 
 
-def simulate(
+#: ``fn(keys, spec) -> outcome`` for :func:`measure`: ``outcome`` holds ``"metrics"`` (a dict
+#: of scalars) and optionally ``"status"`` (scalars), ``"trace"`` (per snapshot, with
+#: ``"steps"``) and ``"params"``.
+Measurement = Callable[[InstanceKeys, Any], dict[str, Any]]
+
+
+def measure(
     key: PRNGKeyArray,
-    task,
-    learner,
+    fn: Measurement,
+    spec: Any,
     instances: int,
     *,
     key_ids: np.ndarray | Sequence[int] | None = None,
@@ -125,40 +166,24 @@ def simulate(
     devices: int | Sequence[jax.Device] | None = None,
     vector_width: int | None = None,
     options: dict | None = None,
-    keep_params: bool = False,
     progress: bool | Progress = False,
 ) -> Results:
-    """Draw ``instances`` random instances of ``task``, fit each with ``learner``, score them.
+    """``fn(instance_keys(fold_in(key, key_ids[i])), spec_i)`` for every instance i: THE way a
+    per-instance computation is batched, whether or not it is a fit (:func:`simulate` is one).
 
-    Instance i draws its problem, start and evaluation data from
-    ``fold_in(key, key_ids[i])`` (``key_ids`` defaults to ``0 .. instances−1``; repeat ids to
-    give several swept hyperparameters the same problems). See :func:`map_instances` for
-    ``chunk_size``, ``devices``, ``vector_width`` and ``options`` (XLA compiler options).
+    ``spec`` is any PyTree of specs (tasks, learners, teacher specs, numbers): a number is
+    shared when it is a scalar and swept when it is an array of shape ``(instances,)``
+    (instance i sees entry i; the sweep is one compilation). The keys are split here, once, for
+    every study: the problem key draws the task, the fit key the learner, the evaluation key
+    the scoring. See :func:`~mhalearn.batch.map_instances` for the engine options.
     """
     instances = positive_int("instances", instances)
     key_ids = np.arange(instances) if key_ids is None else np.asarray(key_ids)
-    swept, fixed = split_sweep({"task": task, "learner": learner}, instances)
+    swept, fixed = split_sweep(spec, instances)
     devs = select_devices(devices)
 
     def run(key, per, shared):
-        spec = eqx.combine(per, shared)
-        task, learner = spec["task"], spec["learner"]
-        k_problem, k_fit, k_eval = instance_keys(key)
-        truth, problem = task.sample(k_problem)
-        fit = learner.fit(k_fit, problem, monitor=lambda p: task.monitor(truth, problem, p))
-        metrics = task.evaluate(k_eval, truth, problem, fit.params)
-        out = {
-            "metrics": {**metrics, **{f"info_{k}": v for k, v in fit.info.items()}},
-            "trace": {"loss": fit.trace.loss, **fit.trace.metrics},
-            "status": {
-                **{f.name: getattr(fit.status, f.name) for f in dataclasses.fields(fit.status)},
-                **task.checks(truth),
-            },
-            "steps": fit.trace.steps,
-        }
-        if keep_params:
-            out["params"] = fit.params
-        return out
+        return fn(instance_keys(key), eqx.combine(per, shared))
 
     timing: dict[str, float] = {}
     out = map_instances(
@@ -179,22 +204,18 @@ def simulate(
         jax.random.key_data(key) if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key) else key
     )
     attrs = {
-        "config": json.dumps({"task": to_jsonable(task), "learner": to_jsonable(learner)}),
+        "config": json.dumps(to_jsonable(spec)),
         "root_key": json.dumps(np.asarray(key_data).tolist()),
         "instances": instances,
-        "mhalearn_version": _version(),
-        "jax_version": jax.__version__,
-        "device_kind": devs[0].device_kind,
-        "devices": len(devs),
-        "x64": int(jax.config.jax_enable_x64),
+        **provenance(devs),
         **timing,
-        **_tolerance(task),
     }
+    steps = out.get("steps")
     return Results(
         metrics=out["metrics"],
-        status=out["status"],
-        trace_steps=out["steps"][0],
-        trace=out["trace"],
+        status=out.get("status", {}),
+        trace_steps=None if steps is None else steps[0],
+        trace=out.get("trace", {}),
         sweep=swept_values(swept),
         key_ids=key_ids,
         attrs=attrs,
@@ -202,13 +223,50 @@ def simulate(
     )
 
 
+def simulate(
+    key: PRNGKeyArray,
+    task: Task,
+    learner: Learner,
+    instances: int,
+    *,
+    key_ids: np.ndarray | Sequence[int] | None = None,
+    keep_params: bool = False,
+    **engine: Any,
+) -> Results:
+    """Draw ``instances`` random instances of ``task``, fit each with ``learner``, score them.
+
+    Instance i draws its problem, start and evaluation data from
+    ``fold_in(key, key_ids[i])`` (``key_ids`` defaults to ``0 .. instances−1``; repeat ids to
+    give several swept hyperparameters the same problems). ``engine``: the options of
+    :class:`~mhalearn.batch.Engine` (``chunk_size``, ``devices``, ``vector_width``,
+    ``options``, ``progress``).
+    """
+
+    def fit_and_score(keys: InstanceKeys, spec) -> dict[str, Any]:
+        task, learner = spec["task"], spec["learner"]
+        truth, problem = task.sample(keys.problem)
+        fit = learner.fit(keys.fit, problem, monitor=lambda p: task.monitor(truth, problem, p))
+        metrics = task.evaluate(keys.evaluate, truth, problem, fit)
+        out = {
+            "metrics": {**metrics, **{f"info_{k}": v for k, v in fit.info.items()}},
+            "trace": {"loss": fit.trace.loss, **fit.trace.metrics},
+            "status": {
+                **{f.name: getattr(fit.status, f.name) for f in dataclasses.fields(fit.status)},
+                **task.checks(truth),
+            },
+            "steps": fit.trace.steps,
+        }
+        if keep_params:
+            out["params"] = fit.params
+        return out
+
+    spec = {"task": task, "learner": learner}
+    res = measure(key, fit_and_score, spec, instances, key_ids=key_ids, **Engine(**engine).kwargs())
+    res.attrs.update(_tolerance(task))
+    return res
+
+
 def _tolerance(task) -> dict[str, float]:
     """The task's success tolerance when it has one and every instance shares it."""
     tol = getattr(task, "success_tol", None)
     return {"success_tol": float(tol)} if tol is not None and np.ndim(tol) == 0 else {}
-
-
-def _version() -> str:
-    from mhalearn import __version__
-
-    return __version__

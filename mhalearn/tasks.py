@@ -1,12 +1,16 @@
 """Tasks: random instance generators paired with the metrics that score a fit.
 
-A task draws one instance — the truth (a teacher, or nothing for the mixture) and a
-:mod:`~mhalearn.problems` problem — from a key, and scores fitted parameters against it.
-Structure is static; numbers (β, label noise, init scales, tolerances, the active head count)
-are PyTree leaves, so they can be swept per instance under ``vmap``.
+A task (:class:`Task`) draws one instance — the truth (a teacher, or a held-out draw for the
+mixture) and a :mod:`~mhalearn.problems` problem — from a key, and scores a learner's
+:class:`~mhalearn.learners.base.Fit` against it with :mod:`mhalearn.metrics`: the one place
+where anything is compared with the truth. Structure is static; numbers (β, label noise, init
+scales, tolerances, the active head count) are PyTree leaves, so they can be swept per
+instance under ``vmap``.
 """
 
 from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
 
 import equinox as eqx
 import jax
@@ -16,8 +20,10 @@ from jaxtyping import Array, Bool, Float, PRNGKeyArray
 from mhalearn._validate import in_range, positive_int
 from mhalearn.data import Mixture, MixtureSpec, sample_tokens, tokenized_mixture
 from mhalearn.kernels import ClassifierSpec
+from mhalearn.learners.base import Fit
 from mhalearn.metrics.recovery import (
     classification_errors,
+    estimate_errors,
     parameter_errors,
     prediction_error,
     success,
@@ -33,6 +39,30 @@ from mhalearn.teachers import (
 )
 
 _OTHER = {"boolean": "gaussian", "gaussian": "boolean"}
+
+
+@runtime_checkable
+class Task(Protocol):
+    """What every task is: a random instance, the checks of its truth, and its scores."""
+
+    def sample(self, key: PRNGKeyArray) -> tuple[Any, Any]:
+        """``(truth, problem)`` of one instance: what the scores compare with, and what the
+        learner fits (a :class:`~mhalearn.problems.Problem`)."""
+        ...
+
+    def checks(self, truth: Any) -> dict[str, Bool[Array, ""]]:
+        """Flags on the truth drawn (e.g. ``teacher_accepted``), reported as status."""
+        ...
+
+    def monitor(self, truth: Any, problem: Any, params: Any) -> dict[str, Float[Array, ""]]:
+        """Metrics a learner records along its trace."""
+        ...
+
+    def evaluate(
+        self, key: PRNGKeyArray, truth: Any, problem: Any, fit: Fit
+    ) -> dict[str, Float[Array, ""]]:
+        """The scores of ``fit`` (its parameters and estimates) against the truth."""
+        ...
 
 
 class RegressionTask(eqx.Module):
@@ -110,8 +140,11 @@ class RegressionTask(eqx.Module):
         key: PRNGKeyArray,
         teacher: LayerParams,
         problem: RegressionProblem,
-        params: LayerParams,
+        fit: Fit,
     ) -> dict[str, Float[Array, ""]]:
+        """Matched parameter errors, prediction errors, the training loss, success, and the
+        errors of the learner's estimates (:func:`~mhalearn.metrics.recovery.estimate_errors`)."""
+        params = fit.params
         k_same, k_other = jax.random.split(key)
         errors = parameter_errors(params, teacher)
         same = self._inputs(k_same, self.teacher.inputs, self.test_samples)
@@ -122,6 +155,7 @@ class RegressionTask(eqx.Module):
             "prediction_error_other": prediction_error(params, teacher, other),
             "train_loss": problem.loss(params),
             "success": success(errors, self.success_tol),
+            **estimate_errors(fit.estimates, teacher, problem.X),
         }
 
 
@@ -196,16 +230,19 @@ class ClassificationTask(eqx.Module):
         key: PRNGKeyArray,
         truth: Mixture,
         problem: ClassificationProblem,
-        params: ClassifierParams,
+        fit: Fit,
     ) -> dict[str, Float[Array, ""]]:
+        """Train and test logistic loss and 0-1 error, the generalisation gap (test − train
+        loss) and the active head count."""
         del truth  # the final scores use a fresh draw, independent of the monitored one
         test = tokenized_mixture(key, self.mixture, self.test_samples)
-        train = classification_errors(problem.scores(params, problem.X), problem.y)
-        held_out = classification_errors(problem.scores(params, test.X), test.y)
+        train = classification_errors(problem.scores(fit.params, problem.X), problem.y)
+        held_out = classification_errors(problem.scores(fit.params, test.X), test.y)
         return {
             "train_loss": train.loss,
             "train_error": train.error,
             "test_loss": held_out.loss,
             "test_error": held_out.error,
+            "gap": held_out.loss - train.loss,
             "active_heads": jnp.sum(problem.head_mask()),
         }

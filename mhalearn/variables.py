@@ -152,26 +152,26 @@ VARIABLES: dict[str, Meta] = {
         "1 when some candidate fits the data and satisfies K; 0 when none does.",
         flag=True,
     ),
-    "info_crude_sum_w_error": Meta(
+    "crude_sum_w_error": Meta(
         "relative error of the crude ΣW",
         "‖M₀ − ΣW‖_F / ‖ΣW‖_F of the input–label correlation estimate M₀ (phase 1).",
         _REL,
     ),
-    "info_refined_sum_w_error": Meta(
+    "refined_sum_w_error": Meta(
         "relative error of the refined ΣW",
         "‖S − ΣW‖_F / ‖ΣW‖_F of the least-squares refit on certified rows (phase 3).",
         _REL,
     ),
-    "info_certified_sound": Meta(
+    "certified_sound": Meta(
         "share of certified rows that are sound",
         "Share of certified rows on which every true head puts at least 1 − δ on the "
         "certified token value (NaN when no row is certified).",
     ),
-    "info_min_norm_in_span": Meta(
+    "min_norm_in_span": Meta(
         "share of the min-norm point inside span{Θ_i}",
         "‖projection of the min-norm point of K on span{Θ_i}‖ / ‖min-norm point‖.",
     ),
-    "info_span_angle_estimate": Meta(
+    "span_angle_estimate": Meta(
         "largest principal angle of the span estimate",
         "Largest principal angle between the estimated span and span{Θ_i} (phase 5).",
         "rad",

@@ -4,13 +4,12 @@ float32 behaviour is tested by passing float32 arrays explicitly, and the defaul
 path (x64 off) by the CLI tests, which run in a subprocess.
 """
 
-import jax
 import numpy as np
 import pytest
 
-from tests.studies import TINY
+from mhalearn.batch import set_precision
 
-jax.config.update("jax_enable_x64", True)
+set_precision("float64")
 
 
 @pytest.fixture
@@ -26,8 +25,8 @@ def tiny_results(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("studies")
     out = {}
-    for name, kwargs in TINY.items():
-        study = STUDIES[name](**kwargs)
+    for name, cls in STUDIES.items():
+        study = cls.preset("tiny")
         store = Store(root / name, study.config())
         run_study(study, store)
         out[name] = (study, store.results_path)

@@ -10,11 +10,9 @@ import pytest
 
 import mhalearn as mh
 from mhalearn.experiments import STUDIES, Recovery, Regimes, run_study
-from mhalearn.learners.gd import gd_keys
 from mhalearn.metrics import theory
 from mhalearn.simulate import instance_keys
 from mhalearn.store import load
-from tests.studies import TINY
 
 DIMS = {
     "recovery": ("learner", "samples", "heads", "instance", "step"),
@@ -26,7 +24,7 @@ DIMS = {
 }
 
 
-@pytest.mark.parametrize("name", list(TINY))
+@pytest.mark.parametrize("name", list(STUDIES))
 def test_study_dataset_has_documented_dims_coords_and_attrs(tiny_results, name):
     study, path = tiny_results[name]
     ds = load(path)
@@ -69,11 +67,10 @@ def test_recovery_points_match_direct_runs_and_flags_stay_integers(tiny_results)
 def test_regimes_points_match_direct_diagnostics(tiny_results):
     study, path = tiny_results["regimes"]
     ds = load(path)
-    key = jax.random.fold_in(jax.random.key(study.seed), 2)
+    keys = instance_keys(jax.random.fold_in(jax.random.key(study.seed), 2))
     spec = mh.TeacherSpec(heads=2, dim=study.dim, tokens=4, beta=4.0)
-    k_teacher, k_stats = jax.random.split(key)
-    teacher, info = mh.sample_teacher_with_info(k_teacher, spec)
-    diag = mh.teacher_diagnostics(k_stats, teacher, spec, study.samples, study.delta)
+    teacher, info = mh.sample_teacher_with_info(keys.problem, spec)
+    diag = mh.teacher_diagnostics(keys.evaluate, teacher, spec, study.samples, study.delta)
     point = ds.sel(inputs="boolean", heads=2, tokens=4, beta=4.0, instance=2)
     np.testing.assert_allclose(point["agreement"], diag.agreement, rtol=1e-12)
     np.testing.assert_allclose(point["attention_entropy"], diag.attention_entropy, rtol=1e-12)
@@ -98,9 +95,9 @@ def test_heads_points_match_direct_runs(tiny_results):
     np.testing.assert_allclose(point["trace_test_loss"], direct.trace["test_loss"][0], rtol=1e-9)
     assert int(point["active_heads"]) == 2
     # the monitored attention on relevant positions, at the start, on the held-out draw
-    k_problem, k_fit, _ = instance_keys(jax.random.fold_in(jax.random.key(study.seed), 1))
-    held_out, problem = task.sample(k_problem)
-    start = problem.init(gd_keys(k_fit)[0])
+    keys = instance_keys(jax.random.fold_in(jax.random.key(study.seed), 1))
+    held_out, problem = task.sample(keys.problem)
+    start = learner.start(keys.fit, problem)
     mass = theory.relevant_attention(
         start, held_out.X, held_out.relevant, problem.spec, problem.head_mask()
     )
@@ -121,16 +118,15 @@ def test_stepsize_largest_stable_and_curvature_at_the_gd_start(tiny_results):
                     lrs.append(lr)
             assert float(ds["largest_stable_lr"].sel(heads=h, instance=i)) == max(lrs, default=0)
     # curvature is measured where GD starts: same problem, same initial loss
-    key = jax.random.fold_in(jax.random.key(study.seed), 1)
-    k_problem, k_fit, _ = instance_keys(key)
+    keys = instance_keys(jax.random.fold_in(jax.random.key(study.seed), 1))
     _, problem = classification_task(study, study.noise, study.samples, active_heads=2).sample(
-        k_problem
+        keys.problem
     )
-    start = problem.init(gd_keys(k_fit)[0])
+    start = mh.GDConfig().start(keys.fit, problem)
     np.testing.assert_allclose(
         ds["trace_loss"].sel(heads=2, lr=1.0, instance=1, step=0), problem.loss(start), rtol=1e-9
     )
-    k1, _, k3 = jax.random.split(jax.random.fold_in(key, 7), 3)
+    k1, _, k3 = jax.random.split(keys.evaluate, 3)
     norm = theory.hessian_spectral_norm(problem.loss, start, k1, study.power_iterations)
     np.testing.assert_allclose(ds["hessian_norm"].sel(heads=2, instance=1), norm, rtol=1e-9)
     scores = [
@@ -144,12 +140,17 @@ def test_stepsize_largest_stable_and_curvature_at_the_gd_start(tiny_results):
     )
 
 
-def test_samples_gap_and_stability_proxy(tiny_results):
+def test_samples_gap_and_stability_proxy_match_a_run_logged_at_every_step(tiny_results):
     study, path = tiny_results["samples"]
-    ds = load(path)
-    np.testing.assert_allclose(ds["gap"], ds["test_loss"] - ds["train_loss"])
-    n = ds["samples"].broadcast_like(ds["info_loss_sum"])
-    np.testing.assert_allclose(ds["stability_proxy"], study.lr / n * ds["info_loss_sum"])
+    point = load(path).sel(samples=32, heads=2, instance=1)
+    task = classification_task(study, study.noise, 32, active_heads=2)
+    learner = mh.GDConfig(optimizer="gd", steps=study.steps, lr=study.lr, log_every=1)
+    direct = mh.simulate(jax.random.key(study.seed), task, learner, 1, key_ids=[1])
+    losses = direct.trace["loss"][0]  # L̂(θ_t) for t = 0 .. steps
+    np.testing.assert_allclose(point["stability_proxy"], study.lr / 32 * losses[:-1].sum())
+    gap = direct.metrics["test_loss"][0] - direct.metrics["train_loss"][0]
+    np.testing.assert_allclose(point["gap"], gap, rtol=1e-9)
+    np.testing.assert_allclose(point["train_loss"], losses[-1], rtol=1e-9)
 
 
 def test_margin_points_match_direct_computation(tiny_results):
@@ -158,9 +159,9 @@ def test_margin_points_match_direct_computation(tiny_results):
     task = classification_task(
         study, study.noise, study.samples, active_heads=2, w_init=0.0, one_step=study.one_step_lr
     )
-    k_problem, k_init = jax.random.split(jax.random.fold_in(jax.random.key(study.seed), 1))
-    _, problem = task.sample(k_problem)
-    params = problem.init(k_init)
+    keys = instance_keys(jax.random.fold_in(jax.random.key(study.seed), 1))
+    _, problem = task.sample(keys.problem)
+    params = mh.GDConfig().start(keys.fit, problem)  # where the optimiser starts
     gram = theory.ntk_gram(
         theory.ntk_features(params, problem.X, problem.spec, problem.head_mask())["all"]
     )

@@ -6,16 +6,16 @@ import pytest
 import xarray as xr
 
 from mhalearn import plots
+from mhalearn.experiments import STUDIES, plot
 from mhalearn.store import load
-from tests.studies import TINY
 
 matplotlib.use("Agg")
 
 
-@pytest.mark.parametrize("name", list(TINY))
+@pytest.mark.parametrize("name", list(STUDIES))
 def test_every_figure_renders_and_explains_itself(tiny_results, tmp_path, name):
     study, path = tiny_results[name]
-    fig = plots.plot(load(path))
+    fig = plot(load(path))
     labels = [ax.get_xlabel() for ax in fig.axes]
     assert all(labels) and all(ax.get_ylabel() for ax in fig.axes)
     assert any(line.get_xydata().size for ax in fig.axes for line in ax.get_lines())
@@ -30,7 +30,7 @@ def test_every_figure_renders_and_explains_itself(tiny_results, tmp_path, name):
 
 def test_sample_axes_show_the_values_and_curves_are_told_apart(tiny_results):
     study, path = tiny_results["recovery"]
-    fig = plots.plot(load(path))
+    fig = plot(load(path))
     ax = fig.axes[0]
     assert [t.get_text() for t in ax.get_xticklabels()] == [str(n) for n in study.samples]
     (errors,) = [ax for ax in fig.axes if ax.get_ylabel().startswith("squared")][:1]
@@ -56,6 +56,6 @@ def test_unknown_results_are_refused(tiny_results):
     ds = load(tiny_results["margin"][1])
     ds.attrs["study"] = "nonsense"
     with pytest.raises(ValueError, match="no known study"):
-        plots.plot(ds)
+        plot(ds)
     with pytest.raises(ValueError, match="no known study"):
-        plots.plot(xr.Dataset())
+        plot(xr.Dataset())

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 
 import mhalearn as mh
+from mhalearn.experiments import STUDIES
 from mhalearn.store import load
 from mhalearn.variables import VARIABLES, attributes, meta
-from tests.studies import TINY
 
 UNITS = {"relative", "rad", "steps", "nats"}
 
@@ -24,7 +24,7 @@ def check_described(ds):
             assert np.isin(values, [0, 1]).all(), name
 
 
-@pytest.mark.parametrize("name", list(TINY))
+@pytest.mark.parametrize("name", list(STUDIES))
 def test_every_study_variable_is_described_on_disk(tiny_results, name):
     _, path = tiny_results[name]
     check_described(load(path))

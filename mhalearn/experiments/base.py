@@ -28,32 +28,9 @@ import jax
 import numpy as np
 
 from mhalearn._validate import in_range, positive_int
-from mhalearn.batch import Progress, map_instances
-from mhalearn.simulate import Results, to_jsonable
+from mhalearn.batch import Engine, provenance
+from mhalearn.simulate import Results, grid_dataset, to_jsonable
 from mhalearn.variables import annotate
-
-
-@dataclasses.dataclass(frozen=True)
-class Engine:
-    """How to run (never what is computed): results do not depend on these."""
-
-    chunk_size: int | None = None
-    devices: int | None = None
-    progress: bool | Progress = False
-
-    def __post_init__(self):
-        for name in ("chunk_size", "devices"):
-            if getattr(self, name) is not None:
-                positive_int(name, getattr(self, name))
-
-    def simulate_kwargs(self) -> dict[str, Any]:
-        return {"chunk_size": self.chunk_size, "devices": self.devices, "progress": self.progress}
-
-    def map(self, fn, key: jax.Array, key_ids: np.ndarray, per_instance=None, shared=None):
-        """:func:`~mhalearn.batch.map_instances` over ``len(key_ids)`` instances."""
-        return map_instances(
-            fn, key, len(key_ids), per_instance, shared, key_ids=key_ids, **self.simulate_kwargs()
-        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +44,24 @@ class Study:
     headline: ClassVar[str]  # the variable :meth:`summarize` reports
     precision: ClassVar[str] = "float32"  # what the command runs it in unless told otherwise
     positive: ClassVar[tuple[str, ...]] = ()  # number fields that must be > 0, not only >= 0
+    #: named sizes, as field overrides: "tiny" (the tests run every study at it, in seconds,
+    #: with two values on every axis that has a curve), "small" and "full" (its notebook's
+    #: sizes) and any variants a notebook runs
+    presets: ClassVar[dict[str, dict[str, Any]]] = {}
+
+    @classmethod
+    def preset(cls, name: str, **overrides: Any) -> Study:
+        """The study at its preset ``name`` (see :attr:`presets`), with ``overrides``."""
+        if name not in cls.presets:
+            raise ValueError(
+                f"{cls.name} has no preset {name!r}; expected one of {sorted(cls.presets)}"
+            )
+        return cls(**{**cls.presets[name], **overrides})
+
+    @staticmethod
+    def figure(ds):
+        """This study's figure of its results ``ds`` (a matplotlib Figure)."""
+        raise NotImplementedError
 
     def __post_init__(self):
         """Checks every field before any work: grids are non-empty and distinct, integers
@@ -114,6 +109,34 @@ class Study:
         return {}
 
 
+#: every study the command, the tests and :func:`plot` know, by name (:func:`register_study`)
+STUDIES: dict[str, type[Study]] = {}
+
+
+def register_study(cls: type[Study]) -> type[Study]:
+    """Make a study known by its ``name`` to the command, the tests and :func:`plot` (a class
+    decorator). It must have a "tiny" preset and a figure."""
+    if "tiny" not in cls.presets:
+        raise ValueError(f"study {cls.name!r} needs a 'tiny' preset (the size tests run)")
+    if cls.figure is Study.figure:
+        raise ValueError(f"study {cls.name!r} needs a figure (a staticmethod figure(ds))")
+    if cls.name in STUDIES and STUDIES[cls.name] is not cls:
+        raise ValueError(f"a study named {cls.name!r} is registered already")
+    STUDIES[cls.name] = cls
+    return cls
+
+
+def plot(ds):
+    """The figure of the study that produced ``ds`` (its ``study`` attribute)."""
+    study = ds.attrs.get("study")
+    if study not in STUDIES:
+        raise ValueError(
+            f"the results carry no known study (attribute study={study!r}); "
+            f"expected one of {sorted(STUDIES)}"
+        )
+    return STUDIES[study].figure(ds)
+
+
 def cell_id(cell: dict[str, Any]) -> str:
     """A file-name-safe, human-readable name of a cell."""
     return "_".join(f"{k}-{v}" for k, v in cell.items()).replace("/", "-") or "all"
@@ -132,51 +155,18 @@ def product_grid(
     return values, grids[-1].ravel()
 
 
-def grid_dataset(
-    arrays: dict[str, np.ndarray],
-    axes: dict[str, Sequence[Any]],
-    instances: int,
-    steps: np.ndarray | None = None,
-):
-    """A Dataset from flat per-instance arrays of a :func:`product_grid` run: leading axis
-    reshaped to (axes..., instance); a second axis, when present, is ``step``."""
-    import xarray as xr
-
-    shape = (*(len(v) for v in axes.values()), instances)
-    dims = (*axes, "instance")
-    data = {}
-    for name, a in arrays.items():
-        a = np.asarray(a)
-        if a.dtype == bool:
-            a = a.astype(np.int8)
-        extra = ("step",) if a.ndim == 2 else ()
-        data[name] = ((*dims, *extra), a.reshape(*shape, *a.shape[1:]))
-    coords = {name: np.asarray(v) for name, v in axes.items()}
-    coords["instance"] = np.arange(instances)
-    if steps is not None:
-        coords["step"] = np.asarray(steps)
-    return xr.Dataset(data, coords=coords)
-
-
 def results_dataset(res: Results, axes: dict[str, Sequence[Any]], instances: int):
-    """:func:`grid_dataset` of a :func:`~mhalearn.simulate` run (metrics, status and the trace
-    as ``trace_*`` over ``step``)."""
+    """:func:`~mhalearn.simulate.grid_dataset` of a :func:`~mhalearn.simulate.simulate` or
+    :func:`~mhalearn.simulate.measure` run on a :func:`product_grid` (metrics, status and the
+    trace as ``trace_*`` over ``step``)."""
     return grid_dataset(res.arrays(), axes, instances, res.trace_steps)
 
 
 def attributes(study: Study) -> dict[str, Any]:
     """What makes a results file reproducible (nothing that changes from run to run)."""
-    from mhalearn import __version__
-
-    return {
-        "study": study.name,
-        "config": json.dumps(study.config()),
-        "seed": study.seed,
-        "precision": "float64" if jax.config.jax_enable_x64 else "float32",
-        "mhalearn_version": __version__,
-        "jax_version": jax.__version__,
-        "device_kind": jax.devices()[0].device_kind,
-    }
+    about = provenance()
+    del about["devices"]  # how many ran it does not change the results
+    return {"study": study.name, "config": json.dumps(study.config()), "seed": study.seed, **about}
 
 
 def merge_cells(study: Study, cells: list[dict[str, Any]], datasets: list) -> Any:
@@ -212,12 +202,13 @@ def merge_cells(study: Study, cells: list[dict[str, Any]], datasets: list) -> An
     return annotate(merged, study.annotations())
 
 
-def run_study(study: Study, store=None, engine: Engine = Engine(), quiet: bool = True):
+def run_study(study: Study, store=None, engine: Engine | None = None, quiet: bool = True):
     """Run every cell of ``study`` (only the missing ones when ``store`` holds some) and return
     the merged Dataset; with a store, each finished cell is saved at once and the merged
     results are written to ``store.results_path``. Unless ``quiet``, a progress bar (on a
     terminal) counts cells and shows the current cell's phase: compiling, then instances
     done."""
+    engine = engine or Engine()
     cells = study.cells()
     key = jax.random.key(study.seed)
     todo = [c for c in cells if store is None or not store.has(cell_id(c))]

@@ -1,5 +1,6 @@
 """What the classifier studies (``heads``, ``stepsize``, ``samples``, ``margin``) share: the
-tokenized mixture of Deora et al. (reconstructed), the model family and full-batch GD."""
+tokenized mixture of Deora et al. (reconstructed), the model family and the full-batch
+optimiser (GD by default)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ from typing import Any, Literal
 import jax
 import numpy as np
 
+from mhalearn import plots
+from mhalearn.batch import Engine
 from mhalearn.data import MixtureSpec
-from mhalearn.experiments.base import Engine, Study, product_grid, results_dataset
+from mhalearn.experiments.base import Study, product_grid, results_dataset
 from mhalearn.kernels import ClassifierSpec, HeadScaling
-from mhalearn.learners.gd import GDConfig
+from mhalearn.learners.gd import GDConfig, OptimizerName
 from mhalearn.simulate import simulate
 from mhalearn.tasks import ClassificationTask
 
@@ -38,6 +41,8 @@ class ClassifierStudy(Study):
 
     noise: float = 0.5
     """Token noise level σ of the mixture (larger: harder)."""
+    optimizer: OptimizerName = "gd"
+    """Full-batch optimiser: gd, momentum (heavy ball 0.9), adam or normalized_gd."""
 
     def __post_init__(self):
         super().__post_init__()
@@ -86,14 +91,25 @@ class ClassifierStudy(Study):
         values, key_ids = product_grid(axes, self.instances)
         numbers = task_numbers(values) if task_numbers else {}
         task = self.task(samples, heads, self.noise if noise is None else noise, **numbers)
-        learner = GDConfig(
-            optimizer="gd", steps=steps, lr=lr(values), snapshots=snapshots, log_every=log_every
-        )
-        res = simulate(
-            key, task, learner, len(key_ids), key_ids=key_ids, **engine.simulate_kwargs()
-        )
+        learner = self.learner(steps, lr(values), snapshots, log_every)
+        res = simulate(key, task, learner, len(key_ids), key_ids=key_ids, **engine.kwargs())
         return results_dataset(res, axes, self.instances)
+
+    def learner(
+        self, steps: int, lr: Any = 1.0, snapshots: int = 20, log_every: int | None = None
+    ) -> GDConfig:
+        """The studies' full-batch optimiser (its start is the same for every step count and
+        step size: :meth:`~mhalearn.learners.gd.GDConfig.start`)."""
+        return GDConfig(
+            optimizer=self.optimizer, steps=steps, lr=lr, snapshots=snapshots, log_every=log_every
+        )
 
 
 def as_float(a) -> np.ndarray:
     return np.asarray(a, dtype=float)
+
+
+def classifier_settings(ds) -> str:
+    return plots.settings(
+        ds, ("tokens", "dim", "relevant_fraction", "irrelevant_means", "head_scaling")
+    )

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
+import numpy as np
 
-from mhalearn.experiments.base import Engine
-from mhalearn.experiments.classifier import ClassifierStudy, as_float
+from mhalearn import plots
+from mhalearn.batch import Engine
+from mhalearn.experiments.base import register_study
+from mhalearn.experiments.classifier import ClassifierStudy, as_float, classifier_settings
 
 
+@register_study
 @dataclasses.dataclass(frozen=True)
 class Heads(ClassifierStudy):
     """Full-batch GD on the tokenized mixture: the training loss, training error and test
@@ -22,6 +26,54 @@ class Heads(ClassifierStudy):
     static_axes = ("noise",)
     positive = ("lr",)
     headline = "test_loss"
+    presets: ClassVar[dict[str, dict[str, Any]]] = {
+        "tiny": dict(
+            heads=(1, 2),
+            lr=(0.3, 1.0),
+            noise=(0.5, 1.0),
+            samples=16,
+            steps=10,
+            instances=2,
+            test_samples=16,
+        ),
+        "small": dict(
+            heads=(1, 4),
+            lr=(1.0,),
+            noise=(0.5, 1.5),
+            samples=32,
+            steps=30,
+            instances=2,
+            test_samples=64,
+        ),
+        "full": dict(
+            heads=(1, 2, 4, 8, 16),
+            lr=(0.3, 1.0, 3.0, 10.0),
+            noise=(0.5, 1.5),
+            samples=128,
+            steps=2000,
+            instances=4,
+        ),
+        # parameter movement vs heads (notebook 07)
+        "movement_small": dict(
+            heads=(1, 4), lr=(1.0,), samples=32, steps=20, instances=2, test_samples=64
+        ),
+        "movement_full": dict(
+            heads=(1, 2, 4, 8, 16, 32), lr=(1.0,), samples=128, steps=1000, instances=4
+        ),
+        # attention on the relevant positions along training (notebook 08)
+        "relevant_small": dict(
+            heads=(1, 4),
+            lr=(1.0,),
+            noise=(0.5,),
+            samples=32,
+            steps=30,
+            instances=2,
+            test_samples=64,
+        ),
+        "relevant_full": dict(
+            heads=(1, 2, 4, 8), lr=(1.0,), noise=(0.5, 1.5), samples=128, steps=3000, instances=6
+        ),
+    }
 
     heads: tuple[int, ...] = (1, 2, 4, 8)
     """Head counts H, swept inside a cell (the model has max(heads) heads, the rest masked)."""
@@ -50,3 +102,45 @@ class Heads(ClassifierStudy):
             task_numbers=lambda v: {"active_heads": v["heads"]},
             noise=cell["noise"],
         )
+
+    @staticmethod
+    def figure(ds):
+        """Training loss (solid) and test loss (dashed) vs step, a curve per head count, a
+        column per step size, a row per noise level; log–log."""
+        lrs, noises, hs = ds["lr"].values, ds["noise"].values, ds["heads"].values
+        fig, axes = plots.panels(len(noises), len(lrs))
+        steps = ds["step"].values
+        shown = np.flatnonzero(steps > 0)
+        for r, noise in enumerate(noises):
+            for j, lr in enumerate(lrs):
+                ax = axes[r, j]
+                cell = ds.sel(noise=noise, lr=lr).isel(step=shown)
+                for i, h in enumerate(hs):
+                    one = cell.sel(heads=h)
+                    plots.band(
+                        ax,
+                        one["trace_loss"],
+                        "step",
+                        label=f"H = {h}, train",
+                        **plots.style(i, "-"),
+                    )
+                    test = plots.style(i, "--", hollow=True)
+                    plots.band(ax, one["trace_test_loss"], "step", label=f"H = {h}, test", **test)
+                ax.set(
+                    title=f"η = {lr:g}, noise σ = {noise:g}",
+                    xlabel=plots.LABELS["step"],
+                    ylabel="logistic loss",
+                )
+                ax.set_xscale("log")
+                ax.set_yscale("log")
+        caption = (
+            f"Median over {plots.instances(ds)} random training sets and starts per point, band: "
+            "interquartile range; solid: training loss, dashed (open markers): test loss on a "
+            "held-out draw of the mixture. Full-batch GD, the same problems for every H and η."
+        )
+        config = plots.config_of(ds)
+        title = (
+            f"Classifier training with H heads: samples {config.get('samples', '?')}, steps "
+            f"{config.get('steps', '?')}, " + classifier_settings(ds)
+        )
+        return plots.finish(fig, title, caption)

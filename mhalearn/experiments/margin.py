@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import jax
 import numpy as np
 
-from mhalearn.experiments.base import Engine, grid_dataset, product_grid
-from mhalearn.experiments.classifier import ClassifierStudy
+from mhalearn import plots
+from mhalearn.batch import Engine
+from mhalearn.experiments.base import product_grid, register_study, results_dataset
+from mhalearn.experiments.classifier import ClassifierStudy, classifier_settings
 from mhalearn.metrics import theory
+from mhalearn.simulate import InstanceKeys, measure
 
 Init = Literal["zero", "gaussian", "one_step"]
 #: (w_init, one_step) of each initialisation: W = 0; W Gaussian of scale 1/dim; one GD step
@@ -18,16 +21,22 @@ Init = Literal["zero", "gaussian", "one_step"]
 _INITS = {"zero": (0.0, 0.0), "gaussian": (1.0, 0.0), "one_step": (0.0, 1.0)}
 
 
+@register_study
 @dataclasses.dataclass(frozen=True)
 class Margin(ClassifierStudy):
-    """γ of the hard-margin SVM on the NTK Gram matrix of the n training samples at θ₀
-    (features ∂Φ/∂(U, W) of the active heads), with the ``separable`` flag, for every
-    initialisation and head count in one compilation."""
+    """γ of the hard-margin SVM on the NTK Gram matrix of the n training samples at θ₀ (the
+    optimiser's start; features ∂Φ/∂(U, W) of the active heads), with the ``separable`` flag,
+    for every initialisation and head count in one compilation."""
 
     name = "margin"
     summary = "NTK margin at initialisation: init × heads"
     static_axes = ()
     headline = "margin"
+    presets: ClassVar[dict[str, dict[str, Any]]] = {
+        "tiny": dict(heads=(1, 2), samples=16, svm_iterations=50, instances=2, test_samples=16),
+        "small": dict(heads=(1, 4), samples=16, svm_iterations=100, instances=2, test_samples=64),
+        "full": dict(heads=(1, 2, 4, 8, 16, 32), samples=64, instances=8),
+    }
 
     init: tuple[Init, ...] = ("zero", "gaussian", "one_step")
     """Initialisations: W = 0, W Gaussian, or one GD step of size one_step_lr from W = 0."""
@@ -49,20 +58,49 @@ class Margin(ClassifierStudy):
         values, key_ids = product_grid(axes, self.instances)
         w_init = np.array([_INITS[i][0] for i in values["init"]])
         one_step = np.array([_INITS[i][1] for i in values["init"]]) * self.one_step_lr
-        per = {"active": values["heads"], "w_init": w_init, "one_step": one_step}
-        task = self.task(self.samples, max(self.heads), self.noise)
+        task = self.task(
+            self.samples,
+            max(self.heads),
+            self.noise,
+            active_heads=values["heads"],
+            w_init=w_init,
+            one_step=one_step,
+        )
+        spec = {"task": task, "learner": self.learner(steps=1)}
         iterations = self.svm_iterations
 
-        def one(key, per, task):
-            task = dataclasses.replace(
-                task, active_heads=per["active"], w_init=per["w_init"], one_step=per["one_step"]
-            )
-            k_problem, k_init = jax.random.split(key)
-            _, problem = task.sample(k_problem)
-            params = problem.init(k_init)
+        def one(keys: InstanceKeys, spec):
+            _, problem = spec["task"].sample(keys.problem)
+            params = spec["learner"].start(keys.fit, problem)
             features = theory.ntk_features(params, problem.X, problem.spec, problem.head_mask())
             m = theory.svm_margin(theory.ntk_gram(features["all"]), problem.y, iterations)
-            return {"margin": m.margin, "separable": m.separable}
+            return {"metrics": {"margin": m.margin, "separable": m.separable}}
 
-        out = engine.map(one, key, key_ids, per, task)
-        return grid_dataset(out, axes, self.instances)
+        res = measure(key, one, spec, len(key_ids), key_ids=key_ids, **engine.kwargs())
+        return results_dataset(res, axes, self.instances)
+
+    @staticmethod
+    def figure(ds):
+        """NTK margin at initialisation vs heads, a curve per initialisation (log x), and the
+        share of NTK-separable training sets with Wilson 95% bars."""
+        fig, axes = plots.panels(1, 2)
+        inits, h = ds["init"].values, ds["heads"].values
+        for i, init in enumerate(inits):
+            kw = {"label": str(init), "shift": plots.shift(i, len(inits)), **plots.style(i)}
+            plots.band(axes[0, 0], ds["margin"].sel(init=init), "heads", **kw)
+            plots.rate(axes[0, 1], ds["separable"].sel(init=init), "heads", **kw)
+        axes[0, 0].set(ylabel="NTK margin γ at θ₀ (0: not separable)")
+        axes[0, 1].set(ylabel="share of NTK-separable training sets")
+        axes[0, 1].set_ylim(-0.05, 1.05)
+        for ax in axes[0]:
+            plots.values_axis(ax, h, plots.LABELS["heads"])
+        config = plots.config_of(ds)
+        caption = (
+            f"Left: median over {plots.instances(ds)} random training sets of n = "
+            f"{config.get('samples', '?')} per point, band: interquartile range. Right: share "
+            "separable, bars: Wilson 95% interval. Inits: zero (W = 0), gaussian (W Gaussian), "
+            f"one_step (one GD step of size {config.get('one_step_lr', '?')} from W = 0)."
+        )
+        return plots.finish(
+            fig, "NTK margin at initialisation: " + classifier_settings(ds), caption
+        )

@@ -3,61 +3,22 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Literal
+from typing import Any, ClassVar
 
 import jax
 
-from mhalearn.experiments.base import Engine, Study, results_dataset
-from mhalearn.learners.baselines import AlternatingConfig, OracleConfig, UniformConfig
-from mhalearn.learners.chen_li import ChenLiConfig
-from mhalearn.learners.gd import GDConfig
-from mhalearn.learners.varpro import VarProConfig
+from mhalearn import plots
+from mhalearn._validate import choice
+from mhalearn.batch import Engine
+from mhalearn.experiments.base import Study, register_study, results_dataset
+from mhalearn.learners import LEARNERS, learner_label, make_learner
+from mhalearn.problems import RegressionProblem
 from mhalearn.simulate import simulate
 from mhalearn.tasks import RegressionTask
 from mhalearn.teachers import Family, TeacherSpec
 
-Learner = Literal["gd", "adam", "varpro", "chen_li", "uniform", "alternating", "oracle"]
 
-
-def learner_configs(steps: int = 1000) -> dict[str, Any]:
-    """The learners the recovery study and benchmark compare, by name (``steps``: GD and Adam
-    iterations; the other learners have their own budgets)."""
-    return {
-        "gd": GDConfig(optimizer="gd", steps=steps, lr=0.3, snapshots=8),
-        "adam": GDConfig(optimizer="adam", steps=steps, lr=1e-2, snapshots=8),
-        "varpro": VarProConfig(iterations=20, restarts=2),
-        "chen_li": ChenLiConfig(candidates=2, span_subsets=4, qp_iterations=600),
-        "uniform": UniformConfig(),
-        "alternating": AlternatingConfig(rounds=25, inner_steps=20),
-        "oracle": OracleConfig(),
-    }
-
-
-def learner_label(name: str, config: dict[str, Any] | None = None) -> str:
-    """What learner ``name`` of the recovery study runs, with its budget (``config``: the
-    study's config, for the GD and Adam step count)."""
-    steps = (config or {}).get("steps", Recovery.steps)
-    c = learner_configs(steps)[name]
-    if isinstance(c, GDConfig):
-        optimizer = {"gd": "GD", "adam": "Adam"}.get(str(c.optimizer), str(c.optimizer))
-        return f"{name}: {optimizer}, lr {float(c.lr):g}, {c.steps} steps"
-    if isinstance(c, VarProConfig):
-        return f"{name}: VarPro-LM, {c.iterations} it. × {c.restarts} random starts"
-    if isinstance(c, ChenLiConfig):
-        return (
-            f"{name}: certify-and-sculpt (phases 1–5), {c.candidates} candidates, then a "
-            f"{c.polish.iterations}-it. VarPro polish"
-        )
-    if isinstance(c, AlternatingConfig):
-        return f"{name}: LS for W, Adam on Θ, {c.rounds} × {c.inner_steps} steps"
-    if isinstance(c, OracleConfig):
-        return (
-            f"{name}: VarPro-LM from the teacher ±{float(c.perturbation):g}, "
-            f"{c.refine.iterations} it."
-        )
-    return f"{name}: uniform attention, least-squares W (a floor)"
-
-
+@register_study
 @dataclasses.dataclass(frozen=True)
 class Recovery(Study):
     """Success rate, parameter and prediction errors of each learner on the same random
@@ -69,9 +30,57 @@ class Recovery(Study):
     headline = "success"
     positive = ("success_tol",)
     precision = "float64"  # variable projection and the pipeline need it (NaN in float32)
+    presets: ClassVar[dict[str, dict[str, Any]]] = {
+        "tiny": dict(
+            learner=("adam", "uniform"),
+            samples=(40, 60),
+            heads=(1, 2),
+            dim=4,
+            tokens=3,
+            steps=20,
+            instances=2,
+        ),
+        "small": dict(
+            learner=("adam", "varpro"),
+            samples=(40, 80),
+            heads=(1, 2),
+            dim=4,
+            tokens=3,
+            steps=30,
+            instances=2,
+        ),
+        "full": dict(
+            learner=("adam", "varpro", "chen_li", "uniform", "oracle"),
+            samples=(100, 300, 1000),
+            heads=(1, 2, 3),
+            dim=6,
+            tokens=4,
+            steps=1000,
+            instances=12,
+        ),
+        # the hard teacher families of notebook 02 (family and tokens set per family)
+        "hard_small": dict(
+            learner=("varpro",), samples=(80,), heads=(2,), dim=4, tokens=3, steps=30, instances=2
+        ),
+        "hard_full": dict(
+            learner=("adam", "varpro", "chen_li"),
+            samples=(300, 1000),
+            heads=(2,),
+            dim=6,
+            tokens=4,
+            steps=1000,
+            instances=12,
+        ),
+        # the pipeline's diagnostics of notebook 03
+        "pipeline_small": dict(
+            learner=("chen_li",), samples=(120,), heads=(1, 2), dim=4, tokens=3, instances=2
+        ),
+        "pipeline_full": dict(learner=("chen_li",), samples=(1000,), heads=(1, 2, 3), instances=16),
+    }
 
-    learner: tuple[Learner, ...] = ("adam", "varpro", "chen_li", "uniform")
-    """Learners to compare (one cell each); every one sees the same teachers and samples."""
+    learner: tuple[str, ...] = ("adam", "varpro", "chen_li", "uniform")
+    """Learners to compare (one cell each), by registered name (mhalearn list shows them);
+    every one sees the same teachers and samples."""
     samples: tuple[int, ...] = (100, 400)
     """Training examples N per teacher (one cell each)."""
     heads: tuple[int, ...] = (1, 2)
@@ -95,6 +104,10 @@ class Recovery(Study):
 
     def __post_init__(self):
         super().__post_init__()
+        for name in self.learner:
+            choice("learner", name, tuple(LEARNERS))
+            if RegressionProblem not in make_learner(name, self.steps).problems:
+                raise ValueError(f"learner {name!r} does not fit regression problems")
         for h in self.heads:  # validates shapes, family, beta before any work
             self.teacher(h)
 
@@ -113,6 +126,42 @@ class Recovery(Study):
             test_samples=256,
             success_tol=self.success_tol,
         )
-        learner = learner_configs(self.steps)[cell["learner"]]
-        res = simulate(key, task, learner, self.instances, **engine.simulate_kwargs())
+        learner = make_learner(cell["learner"], self.steps)
+        res = simulate(key, task, learner, self.instances, **engine.kwargs())
         return results_dataset(res, {}, self.instances)
+
+    @staticmethod
+    def figure(ds):
+        """Success rate (Wilson 95% bars) and median squared normalised prediction error (IQR
+        band) vs samples, a curve per learner, a column per head count."""
+        config = plots.config_of(ds)
+        heads, learners = ds["heads"].values, ds["learner"].values
+        fig, axes = plots.panels(2, len(heads))
+        n = ds["samples"].values
+        for j, h in enumerate(heads):
+            cell = ds.sel(heads=h)
+            for i, learner in enumerate(learners):
+                one = cell.sel(learner=learner)
+                label = learner_label(str(learner), config.get("steps", Recovery.steps))
+                kw = {"label": label, "shift": plots.shift(i, len(learners)), **plots.style(i)}
+                plots.rate(axes[0, j], one["success"], "samples", **kw)
+                plots.band(axes[1, j], one["prediction_error"], "samples", **kw)
+            axes[0, j].set(title=f"heads m = {h}", ylabel="share of teachers recovered")
+            axes[0, j].set_ylim(-0.05, 1.05)
+            axes[1, j].set(ylabel=plots.label_of(ds, "prediction_error"))
+            axes[1, j].set_yscale("log")
+            for ax in axes[:, j]:
+                plots.values_axis(ax, n, plots.LABELS["samples"])
+        n_inst = plots.instances(ds)
+        tol = ds["success"].attrs.get("tolerance", config.get("success_tol", "?"))
+        caption = (
+            f"Top: share of the {n_inst} teachers per point recovered (every matched Θ_i "
+            f"and W_i within relative Frobenius error {tol:g}), bars: Wilson 95% interval. Bottom: "
+            f"median over the {n_inst} teachers of Σ‖F̂(X) − F(X)‖²_F / Σ‖F(X)‖²_F on fresh "
+            "inputs, band: interquartile range. Every learner sees the same teachers and samples; "
+            "curves are shifted slightly along N so that coinciding ones stay visible."
+        )
+        title = "Recovering Chen–Li teachers: " + plots.settings(
+            ds, ("dim", "tokens", "beta", "family")
+        )
+        return plots.finish(fig, title, caption)

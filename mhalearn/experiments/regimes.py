@@ -4,18 +4,21 @@ tokens."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, ClassVar
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 
+from mhalearn import plots
 from mhalearn._validate import in_range
+from mhalearn.batch import Engine
 from mhalearn.data import TokenDistribution
-from mhalearn.experiments.base import Engine, Study, grid_dataset, product_grid
+from mhalearn.experiments.base import Study, product_grid, register_study, results_dataset
+from mhalearn.simulate import InstanceKeys, measure
 from mhalearn.teachers import Family, TeacherSpec, sample_teacher_with_info, teacher_diagnostics
 
 
+@register_study
 @dataclasses.dataclass(frozen=True)
 class Regimes(Study):
     """Teacher diagnostics (mean max attention, entropy, the share of rows on which every head
@@ -26,6 +29,23 @@ class Regimes(Study):
     summary = "teacher attention regimes and head agreement: inputs × heads × tokens, β swept"
     static_axes = ("inputs", "heads", "tokens")
     headline = "agreement"
+    presets: ClassVar[dict[str, dict[str, Any]]] = {
+        "tiny": dict(beta=(1.0, 4.0), heads=(1, 2), inputs=("boolean",), samples=16, instances=3),
+        "small": dict(
+            beta=(1.0, 4.0, 16.0),
+            heads=(1, 2),
+            inputs=("boolean", "gaussian"),
+            samples=64,
+            instances=4,
+        ),
+        "full": dict(
+            beta=(0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0),
+            heads=(1, 2, 3, 4),
+            inputs=("boolean", "gaussian"),
+            samples=512,
+            instances=32,
+        ),
+    }
 
     beta: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
     """Teacher attention scales ‖Θ_i‖_F ≈ beta, swept inside each cell."""
@@ -57,23 +77,23 @@ class Regimes(Study):
                     TeacherSpec(heads=h, dim=self.dim, tokens=t, beta=b, family=self.family)
 
     def run_cell(self, cell: dict[str, Any], key: jax.Array, engine: Engine):
+        axes = {"beta": self.beta}
+        values, key_ids = product_grid(axes, self.instances)
         spec = TeacherSpec(
             heads=cell["heads"],
             dim=self.dim,
             tokens=cell["tokens"],
             family=self.family,
             inputs=cell["inputs"],
+            beta=jnp.asarray(values["beta"], jnp.result_type(float)),
         )
-        axes = {"beta": self.beta}
-        values, key_ids = product_grid(axes, self.instances)
+        samples, delta = self.samples, self.delta
 
-        def one(key, beta, spec):
-            spec = eqx.tree_at(lambda s: s.beta, spec, beta)
-            k_teacher, k_stats = jax.random.split(key)
-            teacher, info = sample_teacher_with_info(k_teacher, spec)
-            diag = teacher_diagnostics(k_stats, teacher, spec, self.samples, self.delta)
+        def one(keys: InstanceKeys, spec: TeacherSpec):
+            teacher, info = sample_teacher_with_info(keys.problem, spec)
+            diag = teacher_diagnostics(keys.evaluate, teacher, spec, samples, delta)
             p = diag.parameters
-            return {
+            metrics = {
                 "mean_max_attention": diag.mean_max_attention,
                 "attention_entropy": diag.attention_entropy,
                 "agreement": diag.agreement,
@@ -81,9 +101,45 @@ class Regimes(Study):
                 "separation": p.separation,
                 "theta_sv": p.theta_sv,
                 "attempts": info.attempts,
-                "teacher_accepted": info.accepted,
             }
+            return {"metrics": metrics, "status": {"teacher_accepted": info.accepted}}
 
-        beta = jnp.asarray(values["beta"], jnp.result_type(float))
-        out = engine.map(one, key, key_ids, beta, spec)
-        return grid_dataset(out, axes, self.instances)
+        res = measure(key, one, spec, len(key_ids), key_ids=key_ids, **engine.kwargs())
+        return results_dataset(res, axes, self.instances)
+
+    @staticmethod
+    def figure(ds):
+        """Share of rows on which every head agrees (log scale) and mean max attention vs β,
+        a curve per head count, a column per input distribution (first tokens value)."""
+        inputs = ds["inputs"].values
+        heads = ds["heads"].values
+        fig, axes = plots.panels(2, len(inputs))
+        tokens = int(ds["tokens"].values[0])
+        for j, dist in enumerate(inputs):
+            cell = ds.sel(inputs=dist).isel(tokens=0)
+            for i, h in enumerate(heads):
+                kw = {
+                    "label": f"heads m = {h}",
+                    "shift": plots.shift(i, len(heads)),
+                    **plots.style(i),
+                }
+                plots.band(axes[0, j], cell["agreement"].sel(heads=h), "beta", **kw)
+                plots.band(axes[1, j], cell["mean_max_attention"].sel(heads=h), "beta", **kw)
+            axes[0, j].set(title=f"{dist} tokens", ylabel=plots.label_of(ds, "agreement"))
+            axes[0, j].set_yscale("log")
+            axes[1, j].set(ylabel=plots.label_of(ds, "mean_max_attention"))
+            for ax in axes[:, j]:
+                plots.values_axis(ax, ds["beta"].values, plots.LABELS["beta"])
+        config = plots.config_of(ds)
+        caption = (
+            f"Median over {plots.instances(ds)} random teachers per point, band: interquartile "
+            "range; "
+            f"statistics on {config.get('samples', '?')} fresh sequences per teacher. A row agrees "
+            f"when every head puts at least 1 − δ = {1 - config.get('delta', float('nan')):g} of "
+            "its attention on one token value (rows where none agree are 0 and not drawn on the "
+            "log axis)."
+        )
+        title = f"Attention regimes of random teachers: tokens {tokens}, " + plots.settings(
+            ds, ("dim", "family")
+        )
+        return plots.finish(fig, title, caption)

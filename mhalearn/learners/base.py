@@ -1,13 +1,21 @@
-"""What every learner returns: ``fit(key, problem, config) -> Fit``."""
+"""The learner contract: ``learner.fit(key, problem, monitor=None) -> Fit``.
+
+A learner is a config (an equinox Module: structure static, numbers leaves that can be swept)
+with one method, :meth:`Learner.fit`. It fits one instance's problem from its own key and
+reports only what it knows without the truth: its parameters, its training trace, its status,
+its own diagnostics (``info``) and its estimates of the truth's quantities (``estimates``, e.g.
+a ΣW estimate), which the task scores against the truth.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Bool, Float, Int, PyTree
+from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree
 
 
 class Trace(eqx.Module):
@@ -27,7 +35,27 @@ class Fit(eqx.Module):
     params: PyTree
     trace: Trace
     status: Status
-    info: dict[str, Array] = eqx.field(default_factory=dict)  # learner-specific diagnostics
+    info: dict[str, Array] = eqx.field(default_factory=dict)  # the learner's own diagnostics
+    # the learner's estimates of quantities of the truth (intermediate results such as a ΣW
+    # estimate or a span), scored against the truth by the task (mhalearn.metrics)
+    estimates: dict[str, Array] = eqx.field(default_factory=dict)
+
+
+#: ``monitor(params) -> {name: scalar}``: metrics a learner records at its trace's snapshots
+Monitor = Callable[[PyTree], dict[str, Array]]
+
+
+@runtime_checkable
+class Learner(Protocol):
+    """What every learner is: a config with ``fit``, and the problem types it can fit."""
+
+    #: the problem classes (:mod:`mhalearn.problems`) this learner fits
+    problems: ClassVar[tuple[type, ...]]
+
+    def fit(self, key: PRNGKeyArray, problem: Any, monitor: Monitor | None = None) -> Fit:
+        """Fit ``problem``'s student from randomness ``key``; ``monitor`` adds metrics to the
+        trace (evaluated at the snapshots only)."""
+        ...
 
 
 def fit_from_history(
@@ -35,8 +63,9 @@ def fit_from_history(
     history: Float[Array, " iterations"],
     converged: Bool[Array, ""],
     iterations: Int[Array, ""],
-    monitor: Callable[[PyTree], dict] | None = None,
+    monitor: Monitor | None = None,
     info: dict[str, Array] | None = None,
+    estimates: dict[str, Array] | None = None,
 ) -> Fit:
     """A Fit for an iterative solver whose loss is known after every iteration (entry 0: the
     start). Monitored metrics are evaluated on the final parameters only: NaN before."""
@@ -52,4 +81,6 @@ def fit_from_history(
         converged=converged,
         steps_taken=jnp.asarray(iterations),
     )
-    return Fit(params=params, trace=trace, status=status, info=info or {})
+    return Fit(
+        params=params, trace=trace, status=status, info=info or {}, estimates=estimates or {}
+    )

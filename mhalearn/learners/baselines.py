@@ -17,17 +17,23 @@ import optax
 from jaxtyping import Array, PRNGKeyArray
 
 from mhalearn._validate import in_range, positive_int
-from mhalearn.learners.base import Fit, fit_from_history
+from mhalearn.learners.base import Fit, Monitor, fit_from_history
 from mhalearn.learners.linear import solve_values
+from mhalearn.learners.registry import register_learner
 from mhalearn.learners.varpro import VarProConfig, levenberg_marquardt
 from mhalearn.params import LayerParams
 from mhalearn.problems import RegressionProblem
 
 
 class UniformConfig(eqx.Module):
-    ridge: float | Array = 1e-12
+    """Θ = 0 and the least-squares ΣW, split equally over the heads."""
 
-    def fit(self, key: PRNGKeyArray, problem: RegressionProblem, monitor=None) -> Fit:
+    ridge: float | Array = 1e-12
+    problems = (RegressionProblem,)
+
+    def fit(
+        self, key: PRNGKeyArray, problem: RegressionProblem, monitor: Monitor | None = None
+    ) -> Fit:
         del key  # deterministic
         d, m = problem.X.shape[-1], problem.heads
         zero = jnp.zeros((1, d, d), problem.X.dtype)
@@ -40,17 +46,23 @@ class UniformConfig(eqx.Module):
 
 
 class AlternatingConfig(eqx.Module):
+    """``rounds`` of: least-squares W for the current Θ's, then ``inner_steps`` Adam steps
+    (``lr``) on the Θ's with W held."""
+
     rounds: int = eqx.field(static=True, default=50)
     inner_steps: int = eqx.field(static=True, default=20)
     lr: float | Array = 1e-2
     ridge: float | Array = 1e-12
+    problems = (RegressionProblem,)
 
     def __check_init__(self):
         positive_int("rounds", self.rounds)
         positive_int("inner_steps", self.inner_steps)
         in_range("lr", self.lr, 0.0, open_low=True)
 
-    def fit(self, key: PRNGKeyArray, problem: RegressionProblem, monitor=None) -> Fit:
+    def fit(
+        self, key: PRNGKeyArray, problem: RegressionProblem, monitor: Monitor | None = None
+    ) -> Fit:
         opt = optax.adam(self.lr)
         theta = problem.init(key).theta
 
@@ -83,11 +95,14 @@ class OracleConfig(eqx.Module):
 
     refine: VarProConfig = VarProConfig(iterations=20, restarts=1)
     perturbation: float | Array = 0.1
+    problems = (RegressionProblem,)
 
     def __check_init__(self):
         in_range("perturbation", self.perturbation, 0.0)
 
-    def fit(self, key: PRNGKeyArray, problem: RegressionProblem, monitor=None) -> Fit:
+    def fit(
+        self, key: PRNGKeyArray, problem: RegressionProblem, monitor: Monitor | None = None
+    ) -> Fit:
         if problem.teacher is None:
             raise ValueError("the oracle baseline needs problem.teacher (RegressionTask sets it)")
         truth = problem.teacher.theta
@@ -101,3 +116,20 @@ class OracleConfig(eqx.Module):
         theta0 = truth + self.perturbation * scale * noise
         theta, W, history, done, iters = levenberg_marquardt(problem, theta0, self.refine)
         return fit_from_history(LayerParams(theta=theta, W=W), history, done, iters, monitor)
+
+
+register_learner(
+    "uniform",
+    lambda steps: UniformConfig(),
+    lambda c: "uniform attention, least-squares W (a floor)",
+)
+register_learner(
+    "alternating",
+    lambda steps: AlternatingConfig(rounds=25, inner_steps=20),
+    lambda c: f"LS for W, Adam on Θ, {c.rounds} × {c.inner_steps} steps",
+)
+register_learner(
+    "oracle",
+    lambda steps: OracleConfig(),
+    lambda c: f"VarPro-LM from the teacher ±{float(c.perturbation):g}, {c.refine.iterations} it.",
+)

@@ -1,8 +1,8 @@
 """The certify-and-sculpt pipeline in the spirit of Chen & Li — a RECONSTRUCTION.
 
-The paper's algorithm is known here only from its published outline (RESEARCH.md §1); every
-phase below is our reading of it, one public function per phase so that each can be studied
-alone, and :func:`fit` chains them:
+The paper's algorithm is known here only from its published outline (see the README's "What is
+sourced and what is reconstructed"); every phase below is our reading of it, one public function
+per phase so that each can be studied alone, and :meth:`ChenLiConfig.fit` chains them:
 
 1. :func:`crude_sum_w` — ΣW ≈ M₀ = mean_n X_nᵀ Y_n (exact in expectation when attention is
    uniform; poor otherwise).
@@ -25,9 +25,10 @@ alone, and :func:`fit` chains them:
    (within ``constraint_slack``) and the data are fitted within ``accept_tol`` (the
    certificate).
 
-Every phase reports diagnostics; failures are data (``accepted = False``), never exceptions.
-Diagnostics that need the truth (errors, soundness, angles) are NaN when the problem carries no
-teacher; no decision of the pipeline reads the teacher.
+Every phase reports diagnostics (``Fit.info``); failures are data (``accepted = False``), never
+exceptions. The pipeline never reads the teacher: its intermediate estimates (the ΣW estimates,
+the certified rows, K's min-norm point, the span) are returned in ``Fit.estimates`` and scored
+against the truth by the task (:func:`mhalearn.metrics.recovery.estimate_errors`).
 """
 
 from __future__ import annotations
@@ -40,12 +41,13 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
 from mhalearn._validate import in_range, positive_int
-from mhalearn.kernels import attention_weights
-from mhalearn.learners.base import Fit, fit_from_history
+from mhalearn.data import same_token
+from mhalearn.learners.base import Fit, Monitor, fit_from_history
+from mhalearn.learners.registry import register_learner
 from mhalearn.learners.varpro import VarProConfig, levenberg_marquardt
-from mhalearn.metrics.recovery import largest_principal_angle
 from mhalearn.params import LayerParams
 from mhalearn.problems import RegressionProblem
+from mhalearn.solvers import box_qp, ridge_solve
 
 
 class ChenLiConfig(eqx.Module):
@@ -58,10 +60,10 @@ class ChenLiConfig(eqx.Module):
     certify_tol: float | Array = 0.01
     certify_gap: float | Array = 0.3
     max_rows: int = eqx.field(static=True, default=256)
-    qp_iterations: int = eqx.field(static=True, default=3000)
-    span_subsets: int = eqx.field(static=True, default=8)
+    qp_iterations: int = eqx.field(static=True, default=600)
+    span_subsets: int = eqx.field(static=True, default=4)
     subset_fraction: float | Array = 0.5
-    candidates: int = eqx.field(static=True, default=4)
+    candidates: int = eqx.field(static=True, default=2)
     candidate: VarProConfig = VarProConfig(iterations=10, restarts=1)
     accept_tol: float | Array = 1e-6
     constraint_slack: float | Array = 0.5
@@ -82,8 +84,44 @@ class ChenLiConfig(eqx.Module):
         for name in ("quantile_start", "quantile_end", "subset_fraction"):
             in_range(name, getattr(self, name), 0.0, 1.0, open_low=True)
 
-    def fit(self, key: PRNGKeyArray, problem: RegressionProblem, monitor=None) -> Fit:
-        return fit(key, problem, self, monitor)
+    problems = (RegressionProblem,)
+
+    def fit(
+        self, key: PRNGKeyArray, problem: RegressionProblem, monitor: Monitor | None = None
+    ) -> Fit:
+        """All phases in order; diagnostics of each in ``Fit.info``, the intermediate
+        estimates in ``Fit.estimates``."""
+        X, Y = problem.X, problem.Y
+        k_refit, k_dedup, k_span, k_search = jax.random.split(key, 4)
+        S0 = crude_sum_w(X, Y)
+        S, _ = refine_sum_w_restarts(k_refit, X, Y, S0, self)
+        cert = certify(X, Y, S, self)
+        K = constraints(k_dedup, X, cert, self)
+        basis, point = span_estimate(k_span, K, problem.heads, self)
+        scale = jnp.linalg.norm(point)
+        cand = search_in_span(k_search, problem, basis, scale, K, self)
+        info = {
+            "rows_certified": jnp.sum(cert.certified),
+            "constraints_kept": jnp.sum(K.valid),
+            "min_norm": scale,
+            "span_cost": cand.span_cost,
+            "candidate_cost": cand.cost,
+            "candidates_accepted": cand.accepted_count,
+            "accepted": cand.accepted,
+        }
+        estimates = {
+            "crude_sum_w": S0,
+            "refined_sum_w": S,
+            "certified": cert.certified,
+            "certified_token": cert.token,
+            "certified_delta": jnp.asarray(self.delta, X.dtype),
+            "min_norm_point": point,
+            "span": basis,
+        }
+        params = LayerParams(theta=cand.theta, W=cand.W)
+        return fit_from_history(
+            params, cand.history, cand.converged, cand.iterations, monitor, info, estimates
+        )
 
 
 # ---- phase 1 -------------------------------------------------------------------------------
@@ -99,10 +137,6 @@ def crude_sum_w(
 # ---- phase 2 -------------------------------------------------------------------------------
 
 
-def _same_token(X: Float[Array, "samples tokens dim"]) -> Bool[Array, "samples tokens tokens"]:
-    return jnp.all(X[:, :, None, :] == X[:, None, :, :], axis=-1)
-
-
 def row_matches(
     X: Float[Array, "samples tokens dim"],
     Y: Float[Array, "samples tokens dim"],
@@ -116,7 +150,7 @@ def row_matches(
     dist = jnp.linalg.norm(Y[:, :, None, :] - pred[:, None, :, :], axis=-1)  # (n, a, b)
     best = jnp.argmin(dist, axis=-1)
     best_dist = jnp.min(dist, axis=-1)
-    same = _same_token(X)  # (n, b, c)
+    same = same_token(X)  # (n, b, c)
     same_as_best = jnp.take_along_axis(same, best[:, :, None], axis=1)  # (n, a, c)
     other = jnp.min(jnp.where(same_as_best, jnp.inf, dist), axis=-1)
     return best, best_dist, other - best_dist
@@ -136,7 +170,6 @@ def refine_sum_w(
     """Alternate matching rows to tokens and least squares for ΣW on the best-matching share
     of rows, that share shrinking geometrically from ``quantile_start`` to ``quantile_end``.
     Returns the final ΣW and the estimate after each round."""
-    d = X.shape[-1]
     rounds = config.refit_rounds
     ratio = jnp.asarray(config.quantile_end / config.quantile_start)
     shares = config.quantile_start * ratio ** (jnp.arange(rounds) / max(rounds - 1, 1))
@@ -147,8 +180,7 @@ def refine_sum_w(
         xb = jnp.take_along_axis(X, best[..., None], axis=1)  # (n, a, dim): the matched tokens
         gram = jnp.einsum("na,nad,nae->de", keep, xb, xb)
         rhs = jnp.einsum("na,nad,nae->de", keep, xb, Y)
-        gram = gram + 1e-9 * jnp.trace(gram) / d * jnp.eye(d, dtype=X.dtype)
-        S = jnp.linalg.solve(gram, rhs)
+        S = ridge_solve(gram, rhs, 1e-9)
         return S, S
 
     return jax.lax.scan(round_, S0, shares)
@@ -245,23 +277,13 @@ def min_norm_point(
 ) -> Float[Array, " params"]:
     """argmin ‖θ‖ subject to G_c·θ ≥ bound for every valid c.
 
-    FISTA on the dual  max_{λ≥0} bound·Σλ − ½‖Gᵀλ‖²  (θ = Gᵀλ), step 1/‖G‖₂²; invalid
-    rows are zeroed out. Returns zeros when there is no valid constraint.
+    The dual  max_{λ≥0} bound·Σλ − ½‖Gᵀλ‖²  (θ = Gᵀλ) by :func:`~mhalearn.solvers.box_qp`,
+    step 1/‖G‖₂²; invalid rows are zeroed out. Returns zeros when there is no valid constraint.
     """
     G = jnp.where(valid[:, None], G, 0.0)
     b = jnp.where(valid, bound, 0.0)
     step = 1.0 / jnp.maximum(jnp.linalg.norm(G, ord=2) ** 2, jnp.finfo(G.dtype).tiny)
-
-    def body(carry, _):
-        lam, z, t = carry
-        lam_new = jnp.maximum(z + step * (b - G @ (G.T @ z)), 0.0)
-        t_new = (1 + jnp.sqrt(1 + 4 * t**2)) / 2
-        z = lam_new + ((t - 1) / t_new) * (lam_new - lam)
-        return (lam_new, z, t_new), None
-
-    lam0 = jnp.zeros(G.shape[0], G.dtype)
-    (lam, _, _), _ = jax.lax.scan(body, (lam0, lam0, jnp.asarray(1.0, G.dtype)), None, iterations)
-    return G.T @ lam
+    return G.T @ box_qp(lambda z: G @ (G.T @ z), b, step, iterations)
 
 
 # ---- phase 4 -------------------------------------------------------------------------------
@@ -352,66 +374,11 @@ def search_in_span(
     )
 
 
-# ---- the chain -----------------------------------------------------------------------------
-
-
-def _relative(a, b):
-    return jnp.linalg.norm(a - b) / jnp.linalg.norm(b)
-
-
-def _soundness(X, cert: Certificate, theta, delta):
-    """Share of certified rows on which every true head puts ≥ 1 − δ on the certified value."""
-    A = jax.vmap(attention_weights, in_axes=(0, None))(X, theta)  # (n, heads, a, c)
-    same = _same_token(X)  # (n, b, c)
-    on_b = jnp.einsum("nhac,nac->nha", A, jnp.take_along_axis(same, cert.token[..., None], axis=1))
-    good = jnp.all(on_b >= 1 - delta, axis=1)
-    n_cert = jnp.sum(cert.certified)
-    return jnp.where(n_cert > 0, jnp.sum(good & cert.certified) / jnp.maximum(n_cert, 1), jnp.nan)
-
-
-def fit(key: PRNGKeyArray, problem: RegressionProblem, config: ChenLiConfig, monitor=None) -> Fit:
-    """All phases in order; diagnostics of each in ``Fit.info``."""
-    X, Y = problem.X, problem.Y
-    k_refit, k_dedup, k_span, k_search = jax.random.split(key, 4)
-    S0 = crude_sum_w(X, Y)
-    S, _ = refine_sum_w_restarts(k_refit, X, Y, S0, config)
-    cert = certify(X, Y, S, config)
-    K = constraints(k_dedup, X, cert, config)
-    basis, point = span_estimate(k_span, K, problem.heads, config)
-    scale = jnp.linalg.norm(point)
-    cand = search_in_span(k_search, problem, basis, scale, K, config)
-    params = LayerParams(theta=cand.theta, W=cand.W)
-
-    info = {
-        "rows_certified": jnp.sum(cert.certified),
-        "constraints_kept": jnp.sum(K.valid),
-        "min_norm": scale,
-        "span_cost": cand.span_cost,
-        "candidate_cost": cand.cost,
-        "candidates_accepted": cand.accepted_count,
-        "accepted": cand.accepted,
-    }
-    nan = jnp.asarray(jnp.nan, X.dtype)
-    truth = problem.teacher
-    if truth is not None:
-        sum_true = jnp.sum(truth.W, axis=0)
-        flat = truth.theta.reshape(truth.theta.shape[0], -1)
-        proj = jnp.linalg.lstsq(flat.T, point)[0]
-        info.update(
-            crude_sum_w_error=_relative(S0, sum_true),
-            refined_sum_w_error=_relative(S, sum_true),
-            certified_sound=_soundness(X, cert, truth.theta, config.delta),
-            min_norm_in_span=jnp.linalg.norm(flat.T @ proj)
-            / jnp.maximum(scale, jnp.finfo(X.dtype).tiny),
-            span_angle_estimate=largest_principal_angle(flat, basis),
-        )
-    else:
-        for name in (
-            "crude_sum_w_error",
-            "refined_sum_w_error",
-            "certified_sound",
-            "min_norm_in_span",
-            "span_angle_estimate",
-        ):
-            info[name] = nan
-    return fit_from_history(params, cand.history, cand.converged, cand.iterations, monitor, info)
+register_learner(
+    "chen_li",
+    lambda steps: ChenLiConfig(),
+    lambda c: (
+        f"certify-and-sculpt (phases 1–5), {c.candidates} candidates, then a "
+        f"{c.polish.iterations}-it. VarPro polish"
+    ),
+)

@@ -1,8 +1,8 @@
 """Gradient-based learners: any optax optimiser inside ``lax`` loops, full batch or minibatch.
 
-``fit(key, problem, config, monitor=None) -> Fit`` fits one instance; each step takes the
+``GDConfig(...).fit(key, problem, monitor=None) -> Fit`` fits one instance; each step takes the
 loss and gradient from ``problem.loss_and_grad`` (for the Chen–Li layer, the hand-derived
-kernel of :mod:`mhalearn.fused`). Batch over instances with ``jax.vmap`` or, better,
+kernel of :mod:`mhalearn.layer`). Batch over instances with ``jax.vmap`` or, better,
 :func:`mhalearn.batch.map_instances`.
 
 - Per-instance numbers (``lr``, ``momentum``, ``tol``) are PyTree leaves of :class:`GDConfig`,
@@ -22,18 +22,20 @@ kernel of :mod:`mhalearn.fused`). Batch over instances with ``jax.vmap`` or, bet
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Literal
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jaxtyping import Array, Bool, Float, PRNGKeyArray, PyTree
+from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree
 
 from mhalearn._validate import choice, in_range, positive_int
-from mhalearn.learners.base import Fit, Status, Trace
+from mhalearn.learners.base import Fit, Monitor, Status, Trace
+from mhalearn.learners.registry import register_learner
 from mhalearn.metrics.theory import movement
+from mhalearn.problems import ClassificationProblem, RegressionProblem
 
 OptimizerName = Literal["gd", "momentum", "adam", "normalized_gd"]
 OPTIMIZERS = ("gd", "momentum", "adam", "normalized_gd")
@@ -74,8 +76,15 @@ class GDConfig(eqx.Module):
         in_range("momentum", self.momentum, 0.0, 1.0)
         in_range("tol", self.tol, 0.0)
 
-    def fit(self, key: PRNGKeyArray, problem, monitor=None) -> Fit:
-        return fit(key, problem, self, monitor)
+    problems = (RegressionProblem, ClassificationProblem)
+
+    def fit(self, key: PRNGKeyArray, problem, monitor: Monitor | None = None) -> Fit:
+        """Fit ``problem``'s student from :meth:`start` with this config's optimiser."""
+        return _fit(key, problem, self, monitor)
+
+    def start(self, key: PRNGKeyArray, problem) -> PyTree:
+        """The parameters :meth:`fit` with the same key starts from."""
+        return problem.init(jax.random.split(key)[0])
 
     def snapshot_steps(self) -> np.ndarray:
         """The steps at which the trace records (0 = the start, ``steps`` = the end)."""
@@ -84,12 +93,6 @@ class GDConfig(eqx.Module):
         else:
             steps = np.geomspace(1, self.steps, max(self.snapshots - 1, 1)).round()
         return np.unique(np.concatenate([[0], steps, [self.steps]]).astype(np.int64))
-
-
-def gd_keys(key: PRNGKeyArray) -> tuple[PRNGKeyArray, PRNGKeyArray]:
-    """The keys of the start (``problem.init``) and of the minibatches, from a fit's key."""
-    k_init, k_batch = jax.random.split(key)
-    return k_init, k_batch
 
 
 def make_optimizer(config: GDConfig) -> optax.GradientTransformation:
@@ -116,96 +119,118 @@ def _all_finite(tree: PyTree) -> Bool[Array, ""]:
     return jnp.all(jnp.stack(leaves))
 
 
-def fit(
-    key: PRNGKeyArray,
-    problem,
-    config: GDConfig,
-    monitor: Callable[[Any], dict[str, Float[Array, ""]]] | None = None,
-) -> Fit:
-    """Fit ``problem``'s student from ``problem.init(key)`` with ``config``'s optimiser."""
+class _Carry(eqx.Module):
+    """The state of a run between steps."""
+
+    params: PyTree
+    opt_state: PyTree
+    status: Status
+    t: Int[Array, ""]  # updates attempted so far
+    loss_sum: Float[Array, ""]  # Σ of the loss seen at every applied update
+
+
+def _step(problem, config: GDConfig, opt, k_batch, carry: _Carry) -> tuple[_Carry, Array]:
+    """One optimiser step, applied only when its loss and new parameters are finite and the
+    loss is above ``tol``; returns the new state and the loss the step saw."""
+    idx = None
+    if config.batch_size is not None:
+        k = jax.random.fold_in(k_batch, carry.t)
+        idx = jax.random.choice(k, problem.samples, (config.batch_size,), replace=False)
+    loss, grads = problem.loss_and_grad(carry.params, idx)
+    updates, new_state = opt.update(grads, carry.opt_state, carry.params)
+    new_params = optax.apply_updates(carry.params, updates)
+    finite = jnp.isfinite(loss) & _all_finite(new_params)
+    done = loss <= config.tol
+    update = finite & ~done
+    status = Status(
+        diverged=~finite,
+        diverged_at=jnp.where(finite, carry.status.diverged_at, carry.t),
+        converged=finite & done,
+        steps_taken=carry.status.steps_taken + update.astype(carry.status.steps_taken.dtype),
+    )
+    new = _Carry(
+        params=_select(update, new_params, carry.params),
+        opt_state=_select(update, new_state, carry.opt_state),
+        status=status,
+        t=carry.t + 1,
+        loss_sum=carry.loss_sum + jnp.where(update, loss, 0.0),
+    )
+    return new, loss
+
+
+def _running(status: Status) -> Bool[Array, ""]:
+    return ~status.diverged & ~status.converged
+
+
+def _snapshot(monitor, params, status: Status, loss: Float[Array, ""]) -> dict:
+    """The trace's record at one snapshot: NaN once the instance has diverged."""
+    record = {"loss": loss, **(monitor(params) if monitor else {})}
+    return jax.tree.map(lambda v: jnp.where(status.diverged, jnp.nan, v), record)
+
+
+def _interval(problem, config: GDConfig, opt, k_batch, monitor, carry: _Carry, n):
+    """``n`` steps, and the snapshot at their start: its full training loss is the one the
+    first full-batch step computes, so no separate forward pass is spent on it."""
+
+    def body(state):
+        i, carry, first = state
+        carry, loss = _step(problem, config, opt, k_batch, carry)
+        return i + 1, carry, jnp.where(i == 0, loss, first)
+
+    first = jnp.full((), jnp.nan, carry.loss_sum.dtype)
+    taken, after, first = jax.lax.while_loop(
+        lambda state: (state[0] < n) & _running(state[1].status), body, (0, carry, first)
+    )
+    if config.batch_size is None:
+        loss = jax.lax.cond(taken > 0, lambda: first, lambda: problem.loss(carry.params))
+    else:  # a step saw a minibatch; the trace holds the full training loss
+        loss = problem.loss(carry.params)
+    return after, _snapshot(monitor, carry.params, carry.status, loss)
+
+
+def _fit(key: PRNGKeyArray, problem, config: GDConfig, monitor: Monitor | None) -> Fit:
     if config.batch_size is not None and config.batch_size > problem.samples:
         raise ValueError(
             f"batch_size must be <= samples ({problem.samples}), received {config.batch_size}"
         )
-    k_init, k_batch = gd_keys(key)
+    k_init, k_batch = jax.random.split(key)
     opt = make_optimizer(config)
-    params = problem.init(k_init)
+    start = problem.init(k_init)
     snap_steps = config.snapshot_steps()
     lengths = np.diff(snap_steps, prepend=0)
-
-    def minibatch(t):
-        if config.batch_size is None:
-            return None
-        k = jax.random.fold_in(k_batch, t)
-        return jax.random.choice(k, problem.samples, (config.batch_size,), replace=False)
-
-    def step(carry):
-        i, params, opt_state, status, t, loss_sum, first = carry
-        loss, grads = problem.loss_and_grad(params, minibatch(t))
-        updates, new_state = opt.update(grads, opt_state, params)
-        new_params = optax.apply_updates(params, updates)
-        finite = jnp.isfinite(loss) & _all_finite(new_params)
-        done = loss <= config.tol
-        update = finite & ~done
-        status = Status(
-            diverged=~finite,
-            diverged_at=jnp.where(finite, status.diverged_at, t),
-            converged=finite & done,
-            steps_taken=status.steps_taken + update.astype(status.steps_taken.dtype),
-        )
-        params = _select(update, new_params, params)
-        opt_state = _select(update, new_state, opt_state)
-        loss_sum = loss_sum + jnp.where(update, loss, 0.0)
-        first = jnp.where(i == 0, loss, first)  # the loss at the interval's start
-        return i + 1, params, opt_state, status, t + 1, loss_sum, first
-
-    def running(status: Status) -> Bool[Array, ""]:
-        return ~status.diverged & ~status.converged
-
-    def snapshot(params, status: Status, loss: Float[Array, ""]) -> dict:
-        record = {"loss": loss, **(monitor(params) if monitor else {})}
-        return jax.tree.map(lambda v: jnp.where(status.diverged, jnp.nan, v), record)
-
-    def interval(carry, n):
-        """``n`` steps, and the snapshot at their start: its full training loss is the one
-        the first full-batch step computes, so no separate forward pass is spent on it."""
-        params, opt_state, status, t, loss_sum = carry
-        at_start, start_status = params, status
-        taken, params, opt_state, status, t, loss_sum, first = jax.lax.while_loop(
-            lambda c: (c[0] < n) & running(c[3]),
-            step,
-            (
-                jnp.asarray(0),
-                params,
-                opt_state,
-                status,
-                t,
-                loss_sum,
-                jnp.full((), jnp.nan, zero.dtype),
-            ),
-        )
-        if config.batch_size is None:
-            loss = jax.lax.cond(taken > 0, lambda: first, lambda: problem.loss(at_start))
-        else:  # a step saw a minibatch; the trace holds the full training loss
-            loss = problem.loss(at_start)
-        return (params, opt_state, status, t, loss_sum), snapshot(at_start, start_status, loss)
-
+    dtype = jax.tree.leaves(start)[0].dtype
     status = Status(
         diverged=jnp.asarray(False),
         diverged_at=jnp.asarray(-1),
         converged=jnp.asarray(False),
         steps_taken=jnp.asarray(0),
     )
-    start = params
-    zero = jnp.zeros((), jax.tree.leaves(params)[0].dtype)
-    (params, _, status, _, loss_sum), records = jax.lax.scan(
-        interval,
-        (params, opt.init(params), status, jnp.asarray(0), zero),
+    carry = _Carry(start, opt.init(start), status, jnp.asarray(0), jnp.zeros((), dtype))
+    carry, records = jax.lax.scan(
+        lambda c, n: _interval(problem, config, opt, k_batch, monitor, c, n),
+        carry,
         jnp.asarray(lengths[1:]),  # lengths[0] = 0: snapshot 0 is the start
     )
-    final = snapshot(params, status, problem.loss(params))
+    final = _snapshot(monitor, carry.params, carry.status, problem.loss(carry.params))
     records = jax.tree.map(lambda r, f: jnp.concatenate([r, f[None]]), records, final)
     loss = records.pop("loss")
     trace = Trace(steps=jnp.asarray(snap_steps), loss=loss, metrics=records)
-    info = {"loss_sum": loss_sum, **movement(params, start)}
-    return Fit(params=params, trace=trace, status=status, info=info)
+    info = {"loss_sum": carry.loss_sum, **movement(carry.params, start)}
+    return Fit(params=carry.params, trace=trace, status=carry.status, info=info)
+
+
+_NAMES = {"gd": "GD", "momentum": "heavy ball", "adam": "Adam", "normalized_gd": "normalised GD"}
+
+
+def _describe(c: GDConfig) -> str:
+    what = _NAMES.get(str(c.optimizer), str(c.optimizer))
+    extra = f", momentum {float(c.momentum):g}" if c.optimizer == "momentum" else ""
+    return f"{what}, lr {float(c.lr):g}{extra}, {c.steps} steps"
+
+
+for _name, _lr in (("gd", 0.3), ("momentum", 0.1), ("adam", 1e-2), ("normalized_gd", 1e-2)):
+    register_learner(
+        _name,
+        lambda steps, name=_name, lr=_lr: GDConfig(optimizer=name, steps=steps, lr=lr, snapshots=8),
+        _describe,
+    )

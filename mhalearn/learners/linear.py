@@ -13,6 +13,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float
 
 from mhalearn.kernels import head_features
+from mhalearn.solvers import ridge_solve
 
 
 def design(
@@ -36,9 +37,5 @@ def solve_values(
     Θ = 0); ``scale`` is the mean diagonal of ZᵀZ.
     """
     Z = design(X, theta)
-    gram = Z.T @ Z
-    scale = jnp.trace(gram) / gram.shape[0]
-    gram = gram + ridge * scale * jnp.eye(gram.shape[0], dtype=gram.dtype)
-    rhs = Z.T @ Y.reshape(-1, Y.shape[-1])
-    W = jax.scipy.linalg.cho_solve(jax.scipy.linalg.cho_factor(gram), rhs)
+    W = ridge_solve(Z.T @ Z, Z.T @ Y.reshape(-1, Y.shape[-1]), ridge)
     return W.reshape(theta.shape[0], theta.shape[1], Y.shape[-1])

@@ -22,10 +22,12 @@ from jaxtyping import Array, Float, PRNGKeyArray
 
 from mhalearn._validate import in_range, positive_int
 from mhalearn.kernels import attention_weights
-from mhalearn.learners.base import Fit, fit_from_history
+from mhalearn.learners.base import Fit, Monitor, fit_from_history
 from mhalearn.learners.linear import design, solve_values
+from mhalearn.learners.registry import register_learner
 from mhalearn.params import LayerParams
 from mhalearn.problems import RegressionProblem
+from mhalearn.solvers import ridge_solve
 
 
 class VarProConfig(eqx.Module):
@@ -48,8 +50,22 @@ class VarProConfig(eqx.Module):
         in_range("ridge", self.ridge, 0.0)
         in_range("tol", self.tol, 0.0)
 
-    def fit(self, key: PRNGKeyArray, problem: RegressionProblem, monitor=None) -> Fit:
-        return fit(key, problem, self, monitor)
+    problems = (RegressionProblem,)
+
+    def fit(
+        self, key: PRNGKeyArray, problem: RegressionProblem, monitor: Monitor | None = None
+    ) -> Fit:
+        """Variable projection from ``restarts`` starts ``problem.init(fold_in(key, r))``;
+        the restart with the lowest final training residual is returned."""
+        starts = jax.vmap(lambda r: problem.init(jax.random.fold_in(key, r)).theta)(
+            jnp.arange(self.restarts)
+        )
+        thetas, Ws, histories, done, iters = jax.vmap(
+            lambda t: levenberg_marquardt(problem, t, self)
+        )(starts)
+        best = jnp.argmin(histories[:, -1])
+        params = LayerParams(theta=thetas[best], W=Ws[best])
+        return fit_from_history(params, histories[best], done[best], iters[best], monitor)
 
 
 def reduced_cost(problem: RegressionProblem, theta, ridge) -> tuple[Float[Array, ""], Array]:
@@ -93,9 +109,7 @@ def gauss_newton_system(problem: RegressionProblem, theta, W, sample_chunk: int)
     zeros = (jnp.zeros((P, P), X.dtype), jnp.zeros((m * d, d, P), X.dtype), jnp.zeros(P, X.dtype))
     (G, B, g), _ = jax.lax.scan(body, zeros, (Xp, Yp, wp))
     Z = design(X, theta)
-    ZtZ = Z.T @ Z
-    ZtZ = ZtZ + 1e-12 * jnp.trace(ZtZ) / ZtZ.shape[0] * jnp.eye(ZtZ.shape[0], dtype=ZtZ.dtype)
-    solved = jax.scipy.linalg.cho_solve(jax.scipy.linalg.cho_factor(ZtZ), B.reshape(m * d, -1))
+    solved = ridge_solve(Z.T @ Z, B.reshape(m * d, -1), 1e-12)
     H = G - jnp.einsum("iep,ieq->pq", B, solved.reshape(B.shape))
     return H, g
 
@@ -144,15 +158,8 @@ def levenberg_marquardt(
     return theta, W, history, done, iters
 
 
-def fit(key: PRNGKeyArray, problem: RegressionProblem, config: VarProConfig, monitor=None) -> Fit:
-    """Variable projection from ``config.restarts`` starts ``problem.init(fold_in(key, r))``;
-    the restart with the lowest final training residual is returned."""
-    starts = jax.vmap(lambda r: problem.init(jax.random.fold_in(key, r)).theta)(
-        jnp.arange(config.restarts)
-    )
-    thetas, Ws, histories, done, iters = jax.vmap(
-        lambda t: levenberg_marquardt(problem, t, config)
-    )(starts)
-    best = jnp.argmin(histories[:, -1])
-    params = LayerParams(theta=thetas[best], W=Ws[best])
-    return fit_from_history(params, histories[best], done[best], iters[best], monitor)
+register_learner(
+    "varpro",
+    lambda steps: VarProConfig(iterations=20, restarts=2),
+    lambda c: f"VarPro-LM, {c.iterations} it. × {c.restarts} random starts",
+)

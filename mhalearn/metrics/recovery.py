@@ -8,10 +8,13 @@ parameter errors are over the matched pairs.
 from __future__ import annotations
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 import optax
 from jaxtyping import Array, Bool, Float, Int
 
+from mhalearn.data import same_token
+from mhalearn.kernels import attention_weights
 from mhalearn.losses import logistic_loss, zero_one_error
 from mhalearn.params import LayerParams
 from mhalearn.problems import predict_layer
@@ -115,6 +118,64 @@ def prediction_error(
     truth = predict_layer(teacher, X)
     err = jnp.sum((predict_layer(student, X) - truth) ** 2)
     return err / jnp.maximum(jnp.sum(truth**2), _tiny(truth))
+
+
+def certified_soundness(
+    X: Float[Array, "samples tokens dim"],
+    certified: Bool[Array, "samples tokens"],
+    token: Int[Array, "samples tokens"],
+    theta: Float[Array, "heads dim dim"],
+    delta: Float[Array, ""],
+) -> Float[Array, ""]:
+    """Share of certified rows (row a of sample n, certified to attend to token ``token``) on
+    which every true head puts at least 1 − δ on that token's *value* (identical tokens
+    merged); NaN when no row is certified."""
+    A = jax.vmap(attention_weights, in_axes=(0, None))(X, theta)  # (n, heads, a, c)
+    value = jnp.take_along_axis(same_token(X), token[..., None], axis=1)  # (n, a, c)
+    on_value = jnp.einsum("nhac,nac->nha", A, value.astype(A.dtype))
+    good = jnp.all(on_value >= 1 - delta, axis=1)
+    n_cert = jnp.sum(certified)
+    return jnp.where(n_cert > 0, jnp.sum(good & certified) / jnp.maximum(n_cert, 1), jnp.nan)
+
+
+def estimate_errors(
+    estimates: dict[str, Array], teacher: LayerParams, X: Float[Array, "samples tokens dim"]
+) -> dict[str, Float[Array, ""]]:
+    """The errors of a learner's estimates of the truth's quantities, for those it reports:
+
+    - ``crude_sum_w``, ``refined_sum_w`` (ΣW estimates) → ``*_error``: relative Frobenius error;
+    - ``span`` (rows spanning an estimate of span{Θ_i}) → ``span_angle_estimate``: the largest
+      principal angle from span{Θ_i} to it;
+    - ``min_norm_point`` (a flattened Θ) → ``min_norm_in_span``: the share of its norm inside
+      span{Θ_i};
+    - ``certified``, ``certified_token``, ``certified_delta`` (certified rows) →
+      ``certified_sound``: :func:`certified_soundness`.
+    """
+    sum_true = jnp.sum(teacher.W, axis=0)
+    flat = teacher.theta.reshape(teacher.theta.shape[0], -1)
+    out = {}
+    for name in ("crude_sum_w", "refined_sum_w"):
+        if name in estimates:
+            out[f"{name}_error"] = jnp.linalg.norm(estimates[name] - sum_true) / jnp.maximum(
+                jnp.linalg.norm(sum_true), _tiny(sum_true)
+            )
+    if "span" in estimates:
+        out["span_angle_estimate"] = largest_principal_angle(flat, estimates["span"])
+    if "min_norm_point" in estimates:
+        point = estimates["min_norm_point"]
+        inside = flat.T @ jnp.linalg.lstsq(flat.T, point)[0]
+        out["min_norm_in_span"] = jnp.linalg.norm(inside) / jnp.maximum(
+            jnp.linalg.norm(point), _tiny(point)
+        )
+    if "certified" in estimates:
+        out["certified_sound"] = certified_soundness(
+            X,
+            estimates["certified"],
+            estimates["certified_token"],
+            teacher.theta,
+            estimates["certified_delta"],
+        )
+    return out
 
 
 def success(errors: ParameterErrors, tol: float | Array) -> Bool[Array, ""]:

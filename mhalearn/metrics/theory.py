@@ -6,7 +6,7 @@
   flag — not an exception — when the data are not separable;
 - ‖∇²Φ‖ by power iteration on Hessian-vector products, and −λ_min(∇²L̂)/L̂;
 - parameter movement ‖θ_t − θ₀‖ (U and W, absolute and relative);
-- the stability proxy (η/n)·Σ_t L̂(θ_t);
+- the stability proxy (η/n)·Σ_t L̂(θ_t), and whether a run was stable (monotone descent);
 - attention mass on the relevant positions.
 
 Every function is pure and ``vmap``-able.
@@ -24,6 +24,7 @@ from jaxtyping import Array, Bool, Float, PRNGKeyArray, PyTree
 
 from mhalearn.kernels import ClassifierSpec, classifier_attention, classifier_score
 from mhalearn.params import ClassifierParams
+from mhalearn.solvers import box_qp
 
 
 def ntk_features(
@@ -49,7 +50,7 @@ def ntk_gram(features: Float[Array, "n features"]) -> Float[Array, "n n"]:
     return features @ features.T
 
 
-class Margin(eqx.Module):
+class SVMMargin(eqx.Module):
     margin: Float[Array, ""]  # γ = 1/√(Σα*); 0 when not separable
     separable: Bool[Array, ""]
     alpha_sum: Float[Array, ""]
@@ -60,32 +61,24 @@ def svm_margin(
     y: Float[Array, " n"],
     iterations: int = 5000,
     cap: float = 1e8,
-) -> Margin:
+) -> SVMMargin:
     """Hard-margin SVM without bias on a Gram matrix, through its dual
 
         max_{α ≥ 0}  Σα − ½ αᵀ (yyᵀ ⊙ K) α,   margin γ = 1/‖w‖ = 1/√(Σα*)
 
-    solved by accelerated projected gradient (FISTA). Separable data have a finite optimum;
-    otherwise Σα grows without bound: the data are flagged not separable when Σα passes
-    ``cap`` or the primal solution w = Σ α_i y_i φ_i misses some y_i⟨w, φ_i⟩ ≥ 1 by more than
-    1e-3.
+    solved by accelerated projected gradient (:func:`~mhalearn.solvers.box_qp`). Separable data
+    have a finite optimum; otherwise Σα grows without bound: the data are flagged not
+    separable when Σα passes ``cap`` or the primal solution w = Σ α_i y_i φ_i misses some
+    y_i⟨w, φ_i⟩ ≥ 1 by more than 1e-3.
     """
     Q = gram * (y[:, None] * y[None, :])
     step = 1.0 / jnp.maximum(jnp.linalg.eigvalsh(Q)[-1], jnp.finfo(Q.dtype).tiny)
-
-    def body(carry, _):
-        a, z, t = carry
-        a_new = jnp.clip(z + step * (1.0 - Q @ z), 0.0, cap)
-        t_new = (1 + jnp.sqrt(1 + 4 * t**2)) / 2
-        return (a_new, a_new + ((t - 1) / t_new) * (a_new - a), t_new), None
-
-    a0 = jnp.zeros_like(y)
-    (alpha, _, _), _ = jax.lax.scan(body, (a0, a0, jnp.asarray(1.0, y.dtype)), None, iterations)
+    alpha = box_qp(lambda a: Q @ a, jnp.ones_like(y), step, iterations, cap)
     total = jnp.sum(alpha)
     functional_margins = Q @ alpha  # y_i ⟨w, φ_i⟩
     separable = (total < 0.99 * cap) & jnp.all(functional_margins >= 1 - 1e-3)
     margin = jnp.where(separable, 1.0 / jnp.sqrt(jnp.maximum(total, jnp.finfo(y.dtype).tiny)), 0.0)
-    return Margin(margin=margin, separable=separable, alpha_sum=total)
+    return SVMMargin(margin=margin, separable=separable, alpha_sum=total)
 
 
 def hessian_vector_product(
@@ -162,11 +155,21 @@ def movement(params: PyTree, start: PyTree) -> dict[str, Float[Array, ""]]:
     return out
 
 
-def stability_proxy(
-    lr: Float[Array, ""], samples: int, losses: Float[Array, " steps"]
-) -> Float[Array, ""]:
-    """(η/n)·Σ_t L̂(θ_t) over the training losses of every step."""
-    return lr / samples * jnp.sum(losses)
+def stability_proxy(lr: Float[Array, ""], samples: int, loss_sum: Float[Array, ""]):
+    """(η/n)·Σ_t L̂(θ_t), from ``loss_sum`` = Σ_t L̂(θ_t) over every step (GD's
+    ``Fit.info["loss_sum"]``); elementwise, so it takes arrays of runs too."""
+    return lr / samples * loss_sum
+
+
+def stable_steps(
+    loss: Float[Array, "... steps"], diverged: Bool[Array, ...], rise_tol: float
+) -> Bool[Array, ...]:
+    """Whether each run was stable: finite (not ``diverged``) and its training loss, logged at
+    every step, never rose by more than ``rise_tol`` relative (descent, as the smooth theory
+    promises below 2/‖∇²L̂‖). Works on numpy arrays of many runs."""
+    before, after = loss[..., :-1], loss[..., 1:]
+    rises = (after - before > rise_tol * abs(before)).any(axis=-1)
+    return (diverged == 0) & ~rises
 
 
 def relevant_attention(

@@ -47,7 +47,7 @@ def test_other_optimisers_drive_the_loss_down(optimizer, lr):
 def test_fit_equals_an_explicit_optax_loop():
     _, problem = regression_problem()
     config = mh.GDConfig(optimizer="adam", steps=7, lr=3e-2, log_every=1)
-    out = gd.fit(KEY, problem, config)
+    out = config.fit(KEY, problem)
     params = problem.init(jax.random.split(KEY)[0])
     opt = optax.adam(3e-2)
     state = opt.init(params)
@@ -78,7 +78,7 @@ def test_trace_size_depends_on_snapshots_not_steps():
 def test_monitor_is_traced_at_snapshots():
     _, problem = regression_problem()
     config = mh.GDConfig(steps=50, snapshots=5)
-    out = gd.fit(KEY, problem, config, monitor=lambda p: {"w_norm": jnp.sum(p.W**2)})
+    out = config.fit(KEY, problem, monitor=lambda p: {"w_norm": jnp.sum(p.W**2)})
     assert out.trace.metrics["w_norm"].shape == out.trace.steps.shape
     np.testing.assert_allclose(
         out.trace.metrics["w_norm"][-1], jnp.sum(out.params.W**2), rtol=1e-12
@@ -117,13 +117,13 @@ def test_every_snapshot_holds_the_full_loss_and_monitor_at_that_step(batch_size)
     _, problem = regression_problem()
     monitor = lambda p: {"w_norm": jnp.sum(p.W**2)}  # noqa: E731
     config = mh.GDConfig(optimizer="adam", steps=40, log_every=10, batch_size=batch_size)
-    out = gd.fit(KEY, problem, config, monitor=monitor)
+    out = config.fit(KEY, problem, monitor=monitor)
     for k, step in enumerate(config.snapshot_steps()):
         if step == 0:
-            params = problem.init(gd.gd_keys(KEY)[0])
+            params = config.start(KEY, problem)
         else:
             short = mh.GDConfig(optimizer="adam", steps=int(step), batch_size=batch_size)
-            params = gd.fit(KEY, problem, short).params
+            params = short.fit(KEY, problem).params
         np.testing.assert_allclose(out.trace.loss[k], problem.loss(params), rtol=1e-10)
         np.testing.assert_allclose(
             out.trace.metrics["w_norm"][k], monitor(params)["w_norm"], rtol=1e-10
@@ -142,17 +142,17 @@ def test_early_stop_at_tolerance():
 def test_minibatch_fit():
     _, problem = regression_problem()
     config = mh.GDConfig(optimizer="adam", steps=300, batch_size=32, lr=1e-2)
-    a = gd.fit(KEY, problem, config)
-    b = gd.fit(KEY, problem, config)
+    a = config.fit(KEY, problem)
+    b = config.fit(KEY, problem)
     np.testing.assert_array_equal(a.params.theta, b.params.theta)  # same key, same batches
     assert a.trace.loss[-1] < 0.5 * a.trace.loss[0]
     with pytest.raises(ValueError, match="batch_size must be <= samples"):
-        gd.fit(KEY, problem, mh.GDConfig(batch_size=500))
+        mh.GDConfig(batch_size=500).fit(KEY, problem)
 
 
 def test_custom_optax_factory():
     _, problem = regression_problem()
-    out = gd.fit(KEY, problem, mh.GDConfig(optimizer=optax.rmsprop, steps=100, lr=1e-2))
+    out = mh.GDConfig(optimizer=optax.rmsprop, steps=100, lr=1e-2).fit(KEY, problem)
     assert out.trace.loss[-1] < out.trace.loss[0]
 
 
@@ -223,7 +223,7 @@ def test_classifier_sweep_over_heads_step_sizes_and_seeds_compiles_once():
 def test_loss_sum_and_movement_for_the_theory():
     mixture = mh.MixtureSpec(tokens=4, dim=6, relevant_fraction=0.5, noise=0.3)
     _, problem = mh.ClassificationTask(mixture=mixture, heads=2, samples=32).sample(KEY)
-    out = gd.fit(KEY, problem, mh.GDConfig(optimizer="gd", steps=6, lr=0.5, log_every=1))
+    out = mh.GDConfig(optimizer="gd", steps=6, lr=0.5, log_every=1).fit(KEY, problem)
     # full batch: the losses seen at the 6 updates are the traced losses at steps 0..5
     np.testing.assert_allclose(out.info["loss_sum"], np.sum(out.trace.loss[:-1]), rtol=1e-12)
     start = problem.init(jax.random.split(KEY)[0])

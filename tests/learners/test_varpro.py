@@ -66,7 +66,7 @@ def test_restarts_keep_the_best_residual(rng):
     task = mh.RegressionTask(teacher=mh.TeacherSpec(heads=2, dim=4, tokens=3), samples=60)
     _, problem = task.sample(jax.random.key(1))
     config = varpro.VarProConfig(iterations=3, restarts=5, tol=0.0)
-    out = varpro.fit(jax.random.key(2), problem, config)
+    out = config.fit(jax.random.key(2), problem)
     singles = [
         varpro.levenberg_marquardt(
             problem, problem.init(jax.random.fold_in(jax.random.key(2), r)).theta, config

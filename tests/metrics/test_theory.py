@@ -138,7 +138,15 @@ def test_movement_and_stability_proxy(rng):
     m = theory.movement(moved, start)
     np.testing.assert_allclose(m["movement_W"], 0.1 * np.sqrt(start.W.size), rtol=1e-12)
     np.testing.assert_allclose(m["movement_U_relative"], 1.0, rtol=1e-12)
-    np.testing.assert_allclose(theory.stability_proxy(0.5, 10, jnp.array([1.0, 2.0, 3.0])), 0.3)
+    # the proxy of a full-batch GD run: (η/n)·Σ_t L̂(θ_t) over the losses of its steps, which a
+    # trace logged at every step holds (the last entry is the loss after the last step)
+    task = mh.ClassificationTask(mixture=mh.MixtureSpec(tokens=4, dim=4), heads=2, samples=12)
+    _, problem = task.sample(jax.random.key(0))
+    config = mh.GDConfig(optimizer="gd", steps=7, lr=0.5, log_every=1)
+    fit = config.fit(jax.random.key(1), problem)
+    expected = 0.5 / 12 * float(np.sum(fit.trace.loss[:-1]))
+    proxy = theory.stability_proxy(0.5, problem.samples, fit.info["loss_sum"])
+    np.testing.assert_allclose(proxy, expected, rtol=1e-12)
 
 
 def test_theory_quantities_vmap(rng):

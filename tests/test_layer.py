@@ -1,4 +1,4 @@
-"""The optimised whole-training-set kernels (mhalearn.fused) equal the reference kernels:
+"""The optimised whole-training-set kernels (mhalearn.layer) equal the reference kernels:
 ``kernels.mha`` mapped over samples and differentiated by ``jax.value_and_grad``, and the
 float64 loop reference; values and gradients, float32 and float64."""
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import mhalearn as mh
-from mhalearn.fused import layer_outputs, squared_loss_and_grad
+from mhalearn.layer import layer_outputs, squared_loss_and_grad
 from tests import reference as ref
 
 # (samples, heads, tokens, dim): odd and mutually distinct so a transposed axis cannot pass.

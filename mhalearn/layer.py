@@ -29,6 +29,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float
 
 from mhalearn._validate import arrays, check_shapes
+from mhalearn.losses import mean_square
 
 
 def _features(
@@ -82,7 +83,7 @@ def squared_loss_and_grad(
     Phi_rows = Phi.reshape(n * T, m * d)
     R = Phi_rows @ Wf - Y.reshape(n * T, d)  # residual, (n·T, d)
     scale = 1.0 / (n * T * d)
-    loss = jnp.sum(R * R) * scale
+    loss = mean_square(R)
     dW = (R.T @ Phi_rows).reshape(d, m, d).transpose(1, 2, 0)  # (f, h, e) -> (h, e, f)
     dPhi = (R @ Wf.T).reshape(n, T * m, d)
     P = A * jnp.einsum("nqe,nse->nqs", dPhi, X)  # A ⊙ dA
