@@ -2,11 +2,11 @@
 
 The public functional API is re-exported here; everything is written for one sequence or
 one instance and batched with ``jax.vmap``. Library code never enables float64: call
-``jax.config.update("jax_enable_x64", True)`` in your own entry point to opt in.
+``set_precision("float64")`` in your own entry point to opt in.
 """
 
 from mhalearn._version import __version__
-from mhalearn.batch import enable_compilation_cache, map_instances, split_cpu
+from mhalearn.batch import Engine, enable_compilation_cache, map_instances, set_precision, split_cpu
 from mhalearn.data import (
     Mixture,
     MixtureSpec,
@@ -30,6 +30,7 @@ from mhalearn.learners import (
     ChenLiConfig,
     Fit,
     GDConfig,
+    Learner,
     OracleConfig,
     UniformConfig,
     VarProConfig,
@@ -41,9 +42,9 @@ from mhalearn.metrics.recovery import (
     prediction_error,
 )
 from mhalearn.params import ClassifierParams, LayerParams
-from mhalearn.problems import ClassificationProblem, RegressionProblem
-from mhalearn.simulate import Results, simulate
-from mhalearn.tasks import ClassificationTask, RegressionTask
+from mhalearn.problems import ClassificationProblem, Problem, RegressionProblem
+from mhalearn.simulate import InstanceKeys, Results, measure, simulate
+from mhalearn.tasks import ClassificationTask, RegressionTask, Task
 from mhalearn.teachers import (
     FAMILIES,
     ParameterDiagnostics,
@@ -67,17 +68,22 @@ __all__ = [
     "ClassificationTask",
     "ClassifierParams",
     "ClassifierSpec",
+    "Engine",
     "Fit",
     "GDConfig",
+    "InstanceKeys",
     "LayerParams",
+    "Learner",
     "Mixture",
     "MixtureSpec",
     "OracleConfig",
     "ParameterDiagnostics",
     "ParameterErrors",
+    "Problem",
     "RegressionProblem",
     "RegressionTask",
     "Results",
+    "Task",
     "TeacherDiagnostics",
     "TeacherInfo",
     "TeacherSpec",
@@ -97,6 +103,7 @@ __all__ = [
     "layer_outputs",
     "map_instances",
     "match_heads",
+    "measure",
     "mha",
     "parameter_diagnostics",
     "parameter_errors",
@@ -105,6 +112,7 @@ __all__ = [
     "sample_teacher",
     "sample_teacher_with_info",
     "sample_tokens",
+    "set_precision",
     "simulate",
     "split_cpu",
     "squared_loss_and_grad",

@@ -208,6 +208,15 @@ def _checked_per_instance(per_instance: PyTree, instances: int) -> PyTree:
     return per_instance
 
 
+def _chunk(instances: int, chunk_size: int | None, unit: int) -> int:
+    """Instances per chunk: ``chunk_size`` (at most all of them) rounded up to whole groups on
+    every device (``unit`` = devices × vector width)."""
+    chunk = (
+        instances if chunk_size is None else min(positive_int("chunk_size", chunk_size), instances)
+    )
+    return math.ceil(chunk / unit) * unit
+
+
 def _group_program(fn: Callable, shared_static: PyTree, rebuild_key: Callable, width: int):
     """The compiled unit: ``fn`` on one group of ``width`` instances, on one device."""
 
@@ -261,11 +270,7 @@ def map_instances(
     instances = positive_int("instances", instances)
     devs = select_devices(devices)
     width = positive_int("vector_width", vector_width or default_vector_width(devs))
-    unit = len(devs) * width
-    chunk = (
-        instances if chunk_size is None else min(positive_int("chunk_size", chunk_size), instances)
-    )
-    chunk = math.ceil(chunk / unit) * unit
+    chunk = _chunk(instances, chunk_size, len(devs) * width)
     key_ids = _checked_key_ids(key_ids, instances)
     per_instance = _checked_per_instance(per_instance, instances)
     shared_dynamic, shared_static = eqx.partition(shared, eqx.is_array_like)

@@ -1,6 +1,7 @@
 """One instance's learning problem: a training set and the student model that is fitted to it.
 
-A problem is what every learner takes (``fit(key, problem, config)``). It knows:
+A problem (:class:`Problem`) is what every learner fits (``learner.fit(key, problem)``). It
+knows:
 
 - ``init(key)``: the student's starting parameters;
 - ``loss(params, idx=None)``: the training loss on all samples, or on the samples ``idx``;
@@ -14,17 +15,40 @@ Numbers (init scales) are PyTree leaves; structure (student heads, model spec) i
 from __future__ import annotations
 
 import math
+from typing import Protocol, runtime_checkable
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Int, PRNGKeyArray
+from jaxtyping import Array, Float, Int, PRNGKeyArray, PyTree
 
 from mhalearn._validate import check_shapes, positive_int
 from mhalearn.kernels import ClassifierSpec, classifier_score
 from mhalearn.layer import layer_outputs, squared_loss_and_grad
 from mhalearn.losses import logistic_loss, squared_loss
 from mhalearn.params import ClassifierParams, LayerParams
+
+
+@runtime_checkable
+class Problem(Protocol):
+    """What every learner may ask of the problem it fits."""
+
+    @property
+    def samples(self) -> int: ...
+
+    def init(self, key: PRNGKeyArray) -> PyTree:
+        """The student's starting parameters."""
+        ...
+
+    def loss(self, params: PyTree, idx: Int[Array, " batch"] | None = None) -> Float[Array, ""]:
+        """The training loss on every sample, or on the samples ``idx``."""
+        ...
+
+    def loss_and_grad(
+        self, params: PyTree, idx: Int[Array, " batch"] | None = None
+    ) -> tuple[Float[Array, ""], PyTree]:
+        """That loss and its gradient with respect to ``params``."""
+        ...
 
 
 def predict_layer(

@@ -200,16 +200,7 @@ def measure(
         progress=progress,
         stats=timing,
     )
-    key_data = (
-        jax.random.key_data(key) if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key) else key
-    )
-    attrs = {
-        "config": json.dumps(to_jsonable(spec)),
-        "root_key": json.dumps(np.asarray(key_data).tolist()),
-        "instances": instances,
-        **provenance(devs),
-        **timing,
-    }
+    attrs = {**_about(key, spec, instances), **provenance(devs), **timing}
     steps = out.get("steps")
     return Results(
         metrics=out["metrics"],
@@ -221,6 +212,17 @@ def measure(
         attrs=attrs,
         params=out.get("params"),
     )
+
+
+def _about(key: PRNGKeyArray, spec: Any, instances: int) -> dict[str, Any]:
+    """What was run: the spec, the root key and the instance count."""
+    typed = jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key)
+    key_data = jax.random.key_data(key) if typed else key
+    return {
+        "config": json.dumps(to_jsonable(spec)),
+        "root_key": json.dumps(np.asarray(key_data).tolist()),
+        "instances": instances,
+    }
 
 
 def simulate(

@@ -202,57 +202,63 @@ def merge_cells(study: Study, cells: list[dict[str, Any]], datasets: list) -> An
     return annotate(merged, study.annotations())
 
 
+class _CellBar:
+    """A terminal progress bar of cells whose text shows the current cell's phase (compiling,
+    then instances done) and whose clock moves while XLA compiles; silent when stderr is not
+    a terminal."""
+
+    def __init__(self, study: Study, total: int, done: int):
+        from tqdm.auto import tqdm
+
+        # disable=None: silent when stderr is not a terminal
+        self.bar = tqdm(total=total, initial=done, desc=study.name, unit="cell", disable=None)
+        self.stop = threading.Event()
+        if not self.bar.disable:
+            threading.Thread(target=self._tick, name="mhalearn-progress", daemon=True).start()
+
+    def _tick(self) -> None:
+        while not self.stop.wait(1.0):
+            self.bar.refresh()
+
+    def engine(self, engine: Engine, name: str) -> Engine:
+        """``engine`` reporting the phase of cell ``name`` on the bar."""
+        if self.bar.disable:
+            return engine
+
+        def report(phase, finished, total):
+            what = f"{finished}/{total} instances" if phase == "running" else phase
+            self.bar.set_postfix_str(f"{name}: {what}")
+
+        return dataclasses.replace(engine, progress=report)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.bar.close()
+
+
 def run_study(study: Study, store=None, engine: Engine | None = None, quiet: bool = True):
     """Run every cell of ``study`` (only the missing ones when ``store`` holds some) and return
     the merged Dataset; with a store, each finished cell is saved at once and the merged
     results are written to ``store.results_path``. Unless ``quiet``, a progress bar (on a
-    terminal) counts cells and shows the current cell's phase: compiling, then instances
-    done."""
+    terminal) counts cells and shows the current cell's phase."""
     engine = engine or Engine()
     cells = study.cells()
     key = jax.random.key(study.seed)
     todo = [c for c in cells if store is None or not store.has(cell_id(c))]
     done: dict[str, Any] = {}
-    bar = None
-    if not quiet and todo:
-        from tqdm.auto import tqdm
-
-        # disable=None: silent when stderr is not a terminal
-        bar = tqdm(
-            total=len(cells),
-            initial=len(cells) - len(todo),
-            desc=study.name,
-            unit="cell",
-            disable=None,
-        )
+    bar = _CellBar(study, len(cells), len(cells) - len(todo)) if not quiet and todo else None
     tic = time.perf_counter()
-    ticking = threading.Event()
-    if bar is not None and not bar.disable:  # the elapsed time moves while XLA compiles
-
-        def tick():
-            while not ticking.wait(1.0):
-                bar.refresh()
-
-        threading.Thread(target=tick, name="mhalearn-progress", daemon=True).start()
     try:
         for cell in todo:
             name = cell_id(cell)
-            if bar is not None and not bar.disable:
-
-                def report(phase, finished, total, name=name):
-                    what = f"{finished}/{total} instances" if phase == "running" else phase
-                    bar.set_postfix_str(f"{name}: {what}")
-
-                engine = dataclasses.replace(engine, progress=report)
-            ds = study.run_cell(cell, key, engine)
+            ds = study.run_cell(cell, key, engine if bar is None else bar.engine(engine, name))
             if store is None:
                 done[name] = ds
             else:
                 store.write_cell(name, ds)
             if bar is not None:
-                bar.update(1)
+                bar.bar.update(1)
     finally:
-        ticking.set()
         if bar is not None:
             bar.close()
     if store is not None:

@@ -5,7 +5,6 @@ import optax
 import pytest
 
 import mhalearn as mh
-from mhalearn.learners import gd
 from tests.engine.compiles import count_compiles
 
 KEY = jax.random.key(2)
