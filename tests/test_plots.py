@@ -18,7 +18,10 @@ def test_every_figure_renders_and_explains_itself(tiny_results, tmp_path, name):
     fig = plot(load(path))
     labels = [ax.get_xlabel() for ax in fig.axes]
     assert all(labels) and all(ax.get_ylabel() for ax in fig.axes)
-    assert any(line.get_xydata().size for ax in fig.axes for line in ax.get_lines())
+    curves = [line for ax in fig.axes for line in ax.get_lines()]
+    assert curves
+    for line in curves:  # every curve drawn has points (an all-NaN curve is a defect)
+        assert np.isfinite(np.asarray(line.get_ydata(), float)).any(), line.get_label()
     assert len(fig.legends) == 1 and not any(ax.get_legend() for ax in fig.axes)
     texts = " ".join(t.get_text() for t in fig.texts)
     assert f"{study.instances} " in texts and ("interquartile" in texts or "Wilson" in texts)
