@@ -11,6 +11,24 @@ from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
+#: the standard benchmark shape: one Chen–Li layer fitted by full-batch GD (instances apart)
+STANDARD = dict(heads=4, dim=16, tokens=8, samples=512)
+#: the step size of the full-batch GD workload
+LR = 0.05
+
+
+def gd_workload(heads: int, dim: int, tokens: int, samples: int, steps: int):
+    """The (task, learner) every engine benchmark times: random teachers of the given shape,
+    ``steps`` full-batch GD steps at :data:`LR`, the trace at the start and the end only."""
+    import mhalearn as mh
+
+    task = mh.RegressionTask(
+        teacher=mh.TeacherSpec(heads=heads, dim=dim, tokens=tokens),
+        samples=samples,
+        test_samples=16,
+    )
+    return task, mh.GDConfig(optimizer="gd", steps=steps, lr=LR, snapshots=2)
+
 
 def layer_flops_per_step(heads: int, dim: int, tokens: int, samples: int) -> float:
     """FLOPs of one full-batch loss-and-gradient step of the Chen–Li layer on one instance.

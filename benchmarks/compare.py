@@ -42,16 +42,15 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import append_rows, layer_flops_per_step, machine, table
+from _common import LR, STANDARD, append_rows, gd_workload, layer_flops_per_step, machine, table
 
 import mhalearn as mh
 
 SHAPES = [
-    dict(heads=4, dim=16, tokens=8, samples=512, instances=256),
+    dict(STANDARD, instances=256),
     dict(heads=2, dim=8, tokens=4, samples=256, instances=64),
     dict(heads=4, dim=64, tokens=16, samples=256, instances=16),
 ]
-LR = 0.05
 
 
 def problems(shape: dict) -> tuple[np.ndarray, ...]:
@@ -70,12 +69,7 @@ def problems(shape: dict) -> tuple[np.ndarray, ...]:
 def run_mhalearn(
     shape: dict, steps: int, data, devices: int | None = None, options: dict | None = None
 ):
-    task = mh.RegressionTask(
-        teacher=mh.TeacherSpec(heads=shape["heads"], dim=shape["dim"], tokens=shape["tokens"]),
-        samples=shape["samples"],
-        test_samples=16,
-    )
-    learner = mh.GDConfig(optimizer="gd", steps=steps, lr=LR, snapshots=2)
+    task, learner = gd_workload(**{k: shape[k] for k in STANDARD}, steps=steps)
     res = mh.simulate(
         jax.random.key(0), task, learner, shape["instances"], devices=devices, options=options
     )

@@ -26,9 +26,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import append_rows, machine, table
 
 import mhalearn as mh
+from mhalearn.experiments import Heads
 from mhalearn.metrics import theory
 
-MIXTURE = mh.MixtureSpec(tokens=4, dim=8, relevant_fraction=0.25, irrelevant_means=2, noise=0.5)
+STUDY = Heads()  # the heads study's mixture, samples and model, at its first noise level
+MIXTURE = STUDY.mixture(STUDY.noise[0])
 
 
 def sweep(steps: int, small: bool) -> tuple[list[dict], dict]:
@@ -36,9 +38,7 @@ def sweep(steps: int, small: bool) -> tuple[list[dict], dict]:
     lrs = np.array([0.3, 1.0, 3.0]) if small else np.geomspace(0.1, 10.0, 8)
     seeds = 4 if small else 16
     grid = np.array(np.meshgrid(heads, lrs, np.arange(seeds), indexing="ij")).reshape(3, -1)
-    task = mh.ClassificationTask(
-        mixture=MIXTURE, heads=8, samples=128, test_samples=512, active_heads=grid[0].astype(int)
-    )
+    task = STUDY.task(STUDY.samples, 8, STUDY.noise[0], active_heads=grid[0].astype(int))
     learner = mh.GDConfig(optimizer="gd", steps=steps, lr=grid[1], snapshots=20)
     res = mh.simulate(jax.random.key(0), task, learner, grid.shape[1], key_ids=grid[2].astype(int))
     cells = grid.shape[1]
@@ -98,7 +98,11 @@ def theory_costs(samples_grid, heads_grid) -> list[dict]:
         data = mh.tokenized_mixture(jax.random.key(1), MIXTURE, n)
         for h in heads_grid:
             problem = mh.ClassificationProblem(
-                X=data.X, y=data.y, spec=mh.ClassifierSpec(), heads=h, w_init=1.0
+                X=data.X,
+                y=data.y,
+                spec=mh.ClassifierSpec(),
+                heads=h,
+                start=mh.ClassifierStart(w_init=1.0),
             )
             params = problem.init(jax.random.key(2))
             for name, fn in quantities(data, problem).items():
@@ -124,7 +128,7 @@ def main() -> None:
         "--steps", type=int, default=None, help="GD steps per cell (default 10⁴; 10³ small)"
     )
     args = p.parse_args()
-    jax.config.update("jax_enable_x64", False)
+    mh.set_precision("float32")
     steps = args.steps or 1000
     rows, summary = sweep(steps, args.small)
     print(

@@ -24,16 +24,15 @@ import time
 from pathlib import Path
 
 import jax
+import numpy as np
 
-jax.config.update("jax_enable_x64", True)
+import mhalearn as mh
+from mhalearn.learners import make_learner
 
-import numpy as np  # noqa: E402
+mh.set_precision("float64")  # variable projection and the pipeline need it
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import append_rows, machine, table  # noqa: E402
-
-import mhalearn as mh  # noqa: E402
-from mhalearn.experiments import learner_configs  # noqa: E402
 
 BASE = dict(heads=2, dim=8, tokens=4, beta=4.0, samples=1000)
 AXES = dict(
@@ -49,7 +48,8 @@ HARD = [("near_duplicate", {}), ("ill_conditioned", {})]
 
 def learners(small: bool) -> dict:
     """The recovery study's learners (GD and Adam: 500 steps with --small, else 1000)."""
-    return learner_configs(steps=500 if small else 1000)
+    names = ("gd", "adam", "varpro", "chen_li", "uniform", "alternating", "oracle")
+    return {name: make_learner(name, 500 if small else 1000) for name in names}
 
 
 def cells(full: bool, small: bool) -> list[dict]:

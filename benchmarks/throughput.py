@@ -18,9 +18,17 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import append_rows, layer_flops_per_step, machine, peak_rss_mb, table
+from _common import (
+    STANDARD,
+    append_rows,
+    gd_workload,
+    layer_flops_per_step,
+    machine,
+    peak_rss_mb,
+    table,
+)
 
-SHAPE = dict(heads=4, dim=16, tokens=8, samples=512)
+SHAPE = STANDARD
 
 
 def one(args) -> dict:
@@ -29,12 +37,8 @@ def one(args) -> dict:
 
     import mhalearn as mh
 
-    task = mh.RegressionTask(
-        teacher=mh.TeacherSpec(heads=args.heads, dim=args.dim, tokens=args.tokens),
-        samples=args.samples,
-        test_samples=16,
-    )
-    learner = mh.GDConfig(optimizer="gd", steps=args.steps, lr=0.05, snapshots=2)
+    shape = {k: getattr(args, k) for k in STANDARD}
+    task, learner = gd_workload(**shape, steps=args.steps)
     res = mh.simulate(jax.random.key(0), task, learner, args.instances, chunk_size=args.chunk_size)
     run = res.attrs["run_seconds"]
     rate = args.instances * args.steps / run

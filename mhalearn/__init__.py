@@ -42,7 +42,13 @@ from mhalearn.metrics.recovery import (
     prediction_error,
 )
 from mhalearn.params import ClassifierParams, LayerParams
-from mhalearn.problems import ClassificationProblem, Problem, RegressionProblem
+from mhalearn.problems import (
+    ClassificationProblem,
+    ClassifierStart,
+    Problem,
+    RegressionProblem,
+    RegressionStart,
+)
 from mhalearn.simulate import InstanceKeys, Results, measure, simulate
 from mhalearn.tasks import ClassificationTask, RegressionTask, Task
 from mhalearn.teachers import (
@@ -68,6 +74,7 @@ __all__ = [
     "ClassificationTask",
     "ClassifierParams",
     "ClassifierSpec",
+    "ClassifierStart",
     "Engine",
     "Fit",
     "GDConfig",
@@ -81,6 +88,7 @@ __all__ = [
     "ParameterErrors",
     "Problem",
     "RegressionProblem",
+    "RegressionStart",
     "RegressionTask",
     "Results",
     "Task",

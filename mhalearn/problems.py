@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PRNGKeyArray, PyTree
 
-from mhalearn._validate import check_shapes, positive_int
+from mhalearn._validate import check_shapes, in_range, positive_int
 from mhalearn.kernels import ClassifierSpec, classifier_score
 from mhalearn.layer import layer_outputs, squared_loss_and_grad
 from mhalearn.losses import logistic_loss, squared_loss
@@ -62,20 +62,48 @@ def _take(a: Array, idx: Int[Array, " batch"] | None) -> Array:
     return a if idx is None else a[idx]
 
 
+class RegressionStart(eqx.Module):
+    """The Chen–Li student's random start: Θ̂_i = (theta_init/dim)·G_i and Ŵ_i =
+    w_init·H_i/√dim with G, H standard normal (the teacher's law, so ‖Θ̂_i‖_F ≈ theta_init).
+    Both scales are leaves: they can be swept."""
+
+    theta_init: float | Array = 1.0
+    w_init: float | Array = 1.0
+
+    def __check_init__(self):
+        for name in ("theta_init", "w_init"):
+            in_range(name, getattr(self, name), 0.0)
+
+
+class ClassifierStart(eqx.Module):
+    """The classifier's start: U = u_init·N(0, 1/dim) entries, W_h = (w_init/dim)·G_h (so
+    ‖W_h‖_F ≈ w_init; w_init = 0 gives uniform attention), and a prompt p ~ N(0, I/dim) when the
+    model has one; then, when ``one_step`` = η₀ is not 0, one full-batch gradient step of size
+    η₀ on the training loss (the "one step" initialisation). Initialisations: Gaussian U with
+    W = 0 (the default), Gaussian both (``w_init > 0``), zero (``u_init = w_init = 0``: the
+    W-gradient then vanishes), each with or without the step; every scale is a leaf."""
+
+    u_init: float | Array = 1.0
+    w_init: float | Array = 0.0
+    one_step: float | Array = 0.0
+
+    def __check_init__(self):
+        for name in ("u_init", "w_init", "one_step"):
+            in_range(name, getattr(self, name), 0.0)
+
+
 class RegressionProblem(eqx.Module):
     """Fit a Chen–Li layer with ``heads`` heads to pairs ``(X_n, Y_n)``.
 
-    Loss: mean squared error over every entry of ``F̂(X_n) − Y_n``. Student start:
-    Θ̂_i = (theta_init/dim)·G_i and Ŵ_i = w_init·H_i/√dim with G, H standard normal (the
-    teacher's law, so ‖Θ̂_i‖_F ≈ theta_init). ``teacher`` carries the truth when the task knows
+    Loss: mean squared error over every entry of ``F̂(X_n) − Y_n``. The student starts at
+    ``start`` (:class:`RegressionStart`). ``teacher`` carries the truth when the task knows
     it; only the oracle baseline may read it.
     """
 
     X: Float[Array, "samples tokens dim"]
     Y: Float[Array, "samples tokens dim"]
     heads: int = eqx.field(static=True)
-    theta_init: float | Array = 1.0
-    w_init: float | Array = 1.0
+    start: RegressionStart = RegressionStart()
     teacher: LayerParams | None = None  # the truth, for oracle baselines only
 
     def __check_init__(self):
@@ -90,8 +118,8 @@ class RegressionProblem(eqx.Module):
         d = self.X.shape[-1]
         k_theta, k_w = jax.random.split(key)
         shape = (self.heads, d, d)
-        theta = (self.theta_init / d) * jax.random.normal(k_theta, shape, self.X.dtype)
-        W = (self.w_init / math.sqrt(d)) * jax.random.normal(k_w, shape, self.X.dtype)
+        theta = (self.start.theta_init / d) * jax.random.normal(k_theta, shape, self.X.dtype)
+        W = (self.start.w_init / math.sqrt(d)) * jax.random.normal(k_w, shape, self.X.dtype)
         return LayerParams(theta=theta, W=W)
 
     def loss(
@@ -112,13 +140,8 @@ class ClassificationProblem(eqx.Module):
     """Fit the classifier family (``spec``, up to ``heads`` heads) to labels ``y`` ∈ {±1}.
 
     Loss: mean logistic loss. ``active_heads`` (a leaf, so it can vary under ``vmap``) masks
-    the heads beyond it; α_H uses the active count. Student start: U = u_init·N(0, 1/dim)
-    entries, W_h = (w_init/dim)·G_h (so ‖W_h‖_F ≈ w_init; w_init = 0 gives uniform attention),
-    and a prompt p ~ N(0, I/dim) when ``spec.query == "prompt"``; then, when ``one_step`` = η₀
-    is not 0, one full-batch gradient step of size η₀ on the training loss (the "one step"
-    initialisation). Initialisations: Gaussian U with W = 0 (the default), Gaussian both
-    (``w_init > 0``), zero (``u_init = w_init = 0``: the W-gradient then vanishes), each with or
-    without the step; every scale is a leaf, so they can be swept.
+    the heads beyond it; α_H uses the active count. The student starts at ``start``
+    (:class:`ClassifierStart`).
     """
 
     X: Float[Array, "samples tokens dim"]
@@ -126,9 +149,7 @@ class ClassificationProblem(eqx.Module):
     spec: ClassifierSpec = eqx.field(static=True)
     heads: int = eqx.field(static=True)
     active_heads: int | Array | None = None
-    u_init: float | Array = 1.0
-    w_init: float | Array = 0.0
-    one_step: float | Array = 0.0
+    start: ClassifierStart = ClassifierStart()
 
     def __check_init__(self):
         positive_int("heads", self.heads)
@@ -151,14 +172,14 @@ class ClassificationProblem(eqx.Module):
             if self.spec.readout == "matrix"
             else (self.heads, d)
         )
-        W = (self.w_init / d) * jax.random.normal(k_w, (self.heads, d, d), dtype)
-        U = (self.u_init / math.sqrt(d)) * jax.random.normal(k_u, u_shape, dtype)
+        W = (self.start.w_init / d) * jax.random.normal(k_w, (self.heads, d, d), dtype)
+        U = (self.start.u_init / math.sqrt(d)) * jax.random.normal(k_u, u_shape, dtype)
         prompt = None
         if self.spec.query == "prompt":
             prompt = jax.random.normal(k_p, (d,), dtype) / math.sqrt(d)
         params = ClassifierParams(W=W, U=U, prompt=prompt)
         grads = jax.grad(self.loss)(params)
-        return jax.tree.map(lambda p, g: p - self.one_step * g, params, grads)
+        return jax.tree.map(lambda p, g: p - self.start.one_step * g, params, grads)
 
     def scores(
         self, params: ClassifierParams, X: Float[Array, "n tokens dim"]

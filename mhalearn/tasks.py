@@ -30,7 +30,13 @@ from mhalearn.metrics.recovery import (
 )
 from mhalearn.metrics.theory import relevant_attention
 from mhalearn.params import ClassifierParams, LayerParams
-from mhalearn.problems import ClassificationProblem, RegressionProblem, predict_layer
+from mhalearn.problems import (
+    ClassificationProblem,
+    ClassifierStart,
+    RegressionProblem,
+    RegressionStart,
+    predict_layer,
+)
 from mhalearn.teachers import (
     TeacherSpec,
     parameter_diagnostics,
@@ -73,7 +79,8 @@ class RegressionTask(eqx.Module):
     ``student_heads`` heads (default: the teacher's). Metrics: matched parameter errors,
     ΣW error, span angle, normalised prediction error on ``test_samples`` fresh inputs of the
     training distribution and of the other one (Boolean ↔ Gaussian), and ``success`` when
-    every matched parameter is within ``success_tol`` (relative Frobenius error).
+    every matched parameter is within ``success_tol`` (relative Frobenius error). The student
+    starts at ``start``.
     """
 
     teacher: TeacherSpec
@@ -81,8 +88,7 @@ class RegressionTask(eqx.Module):
     student_heads: int | None = eqx.field(static=True, default=None)
     test_samples: int = eqx.field(static=True, default=512)
     label_noise: float | Array = 0.0
-    theta_init: float | Array = 1.0
-    w_init: float | Array = 1.0
+    start: RegressionStart = RegressionStart()
     success_tol: float | Array = 1e-3
 
     def __check_init__(self):
@@ -95,8 +101,7 @@ class RegressionTask(eqx.Module):
                     f"student_heads must be >= teacher heads ({self.teacher.heads}), "
                     f"received {self.student_heads}"
                 )
-        for name in ("label_noise", "theta_init", "w_init"):
-            in_range(name, getattr(self, name), 0.0)
+        in_range("label_noise", self.label_noise, 0.0)
         in_range("success_tol", self.success_tol, 0.0, open_low=True)
 
     def _inputs(self, key: PRNGKeyArray, distribution: str, n: int) -> Float[Array, "n tokens dim"]:
@@ -120,9 +125,7 @@ class RegressionTask(eqx.Module):
         truth = predict_layer(teacher, X)
         Y = truth + self._noise(k_noise, truth)
         heads = self.student_heads or self.teacher.heads
-        problem = RegressionProblem(
-            X=X, Y=Y, heads=heads, theta_init=self.theta_init, w_init=self.w_init, teacher=teacher
-        )
+        problem = RegressionProblem(X=X, Y=Y, heads=heads, start=self.start, teacher=teacher)
         return teacher, problem
 
     def checks(self, teacher: LayerParams) -> dict[str, Bool[Array, ""]]:
@@ -163,8 +166,8 @@ class ClassificationTask(eqx.Module):
     """Train the classifier family on the tokenized mixture (Deora et al., reconstructed).
 
     ``heads`` is the model's head count; ``active_heads`` (a leaf, default all) masks the rest,
-    so head counts can be swept in one compilation. ``u_init``, ``w_init`` and ``one_step`` set
-    the initialisation (see :class:`~mhalearn.problems.ClassificationProblem`). Metrics: train
+    so head counts can be swept in one compilation. ``start`` sets the initialisation
+    (:class:`~mhalearn.problems.ClassifierStart`). Metrics: train
     and test logistic loss and 0-1 error (``test_samples`` fresh draws of the mixture); the
     trace follows the training 0-1 error, and the test loss, test error and attention mass on
     relevant positions (:func:`~mhalearn.metrics.theory.relevant_attention`) on another
@@ -177,9 +180,7 @@ class ClassificationTask(eqx.Module):
     samples: int = eqx.field(static=True, default=256)
     test_samples: int = eqx.field(static=True, default=1024)
     active_heads: int | Array | None = None
-    u_init: float | Array = 1.0
-    w_init: float | Array = 0.0
-    one_step: float | Array = 0.0
+    start: ClassifierStart = ClassifierStart()
 
     def __check_init__(self):
         positive_int("heads", self.heads)
@@ -187,8 +188,6 @@ class ClassificationTask(eqx.Module):
         positive_int("test_samples", self.test_samples)
         if isinstance(self.active_heads, int):
             in_range("active_heads", self.active_heads, 1, self.heads)
-        for name in ("u_init", "w_init", "one_step"):
-            in_range(name, getattr(self, name), 0.0)
 
     def sample(self, key: PRNGKeyArray) -> tuple[Mixture, ClassificationProblem]:
         """The training problem, and (as the "truth") a held-out set on which the test loss
@@ -201,9 +200,7 @@ class ClassificationTask(eqx.Module):
             spec=self.model,
             heads=self.heads,
             active_heads=self.active_heads,
-            u_init=self.u_init,
-            w_init=self.w_init,
-            one_step=self.one_step,
+            start=self.start,
         )
         return held_out, problem
 

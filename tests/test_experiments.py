@@ -157,7 +157,11 @@ def test_margin_points_match_direct_computation(tiny_results):
     study, path = tiny_results["margin"]
     ds = load(path)
     task = classification_task(
-        study, study.noise, study.samples, active_heads=2, w_init=0.0, one_step=study.one_step_lr
+        study,
+        study.noise,
+        study.samples,
+        active_heads=2,
+        start=mh.ClassifierStart(w_init=0.0, one_step=study.one_step_lr),
     )
     keys = instance_keys(jax.random.fold_in(jax.random.key(study.seed), 1))
     _, problem = task.sample(keys.problem)

@@ -34,7 +34,7 @@ def test_regression_loss_equals_a_loop_and_minibatches_take_their_rows(rng):
 
 
 def test_regression_start_follows_the_teacher_law(rng):
-    problem = regression(rng, heads=3, dim=8, theta_init=2.0, w_init=0.5)
+    problem = regression(rng, heads=3, dim=8, start=mh.RegressionStart(theta_init=2.0, w_init=0.5))
     starts = jax.vmap(problem.init)(jax.random.split(jax.random.key(0), 400))
     theta_norm = jnp.linalg.norm(starts.theta, axis=(-2, -1))  # ‖Θ̂_i‖_F ≈ theta_init
     w_entries = starts.W.reshape(-1)  # entries N(0, w_init²/dim)
@@ -51,7 +51,7 @@ def classification(rng, **kw):
 
 
 def test_classification_scores_and_loss_equal_loops_with_masked_heads(rng):
-    problem = classification(rng, active_heads=2, w_init=1.0)
+    problem = classification(rng, active_heads=2, start=mh.ClassifierStart(w_init=1.0))
     params = problem.init(jax.random.key(1))
     np.testing.assert_array_equal(problem.head_mask(), [1.0, 1.0, 0.0])
     scores = [
@@ -65,11 +65,13 @@ def test_classification_scores_and_loss_equal_loops_with_masked_heads(rng):
 
 
 def test_classification_starts_zero_gaussian_and_one_step(rng):
-    zero = classification(rng, u_init=0.0, w_init=0.0)
+    zero = classification(rng, start=mh.ClassifierStart(u_init=0.0, w_init=0.0))
     start = zero.init(jax.random.key(2))
     assert not np.any(start.W) and not np.any(start.U)
     plain = classification(rng)
-    stepped = mh.ClassificationProblem(X=plain.X, y=plain.y, spec=plain.spec, heads=3, one_step=0.5)
+    stepped = mh.ClassificationProblem(
+        X=plain.X, y=plain.y, spec=plain.spec, heads=3, start=mh.ClassifierStart(one_step=0.5)
+    )
     before = plain.init(jax.random.key(3))  # W = 0, U Gaussian: the default
     assert not np.any(before.W) and np.std(before.U) > 0.3
     grads = jax.grad(plain.loss)(before)

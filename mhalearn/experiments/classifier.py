@@ -62,7 +62,7 @@ class ClassifierStudy(Study):
 
     def task(self, samples: int, heads: int, noise: float, **numbers: Any) -> ClassificationTask:
         """``heads``: the model's (largest) head count; ``numbers``: per-instance leaves
-        (``active_heads``, ``w_init``, ``one_step``, ...)."""
+        (``active_heads``, ``start``, ...)."""
         return ClassificationTask(
             mixture=self.mixture(noise),
             model=ClassifierSpec(head_scaling=self.head_scaling),

@@ -13,6 +13,7 @@ from mhalearn.batch import Engine
 from mhalearn.experiments.base import product_grid, register_study, results_dataset
 from mhalearn.experiments.classifier import ClassifierStudy, classifier_settings
 from mhalearn.metrics import theory
+from mhalearn.problems import ClassifierStart
 from mhalearn.simulate import InstanceKeys, measure
 
 Init = Literal["zero", "gaussian", "one_step"]
@@ -63,8 +64,7 @@ class Margin(ClassifierStudy):
             max(self.heads),
             self.noise,
             active_heads=values["heads"],
-            w_init=w_init,
-            one_step=one_step,
+            start=ClassifierStart(w_init=w_init, one_step=one_step),
         )
         spec = {"task": task, "learner": self.learner(steps=1)}
         iterations = self.svm_iterations

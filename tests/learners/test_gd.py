@@ -188,7 +188,12 @@ def test_config_validation(kwargs, fragment):
 
 def test_one_step_initialisation_is_one_explicit_gd_step():
     mixture = mh.MixtureSpec(tokens=5, dim=6, relevant_fraction=0.4, noise=0.3)
-    task = mh.ClassificationTask(mixture=mixture, heads=3, samples=64, w_init=0.0, one_step=0.7)
+    task = mh.ClassificationTask(
+        mixture=mixture,
+        heads=3,
+        samples=64,
+        start=mh.ClassifierStart(w_init=0.0, one_step=0.7),
+    )
     _, problem = task.sample(KEY)
     stepped = problem.init(KEY)
     plain = mh.ClassificationProblem(X=problem.X, y=problem.y, spec=problem.spec, heads=3)
