@@ -262,6 +262,11 @@ def list_studies(_: List) -> None:
         for f in dataclasses.fields(cls):
             print(f"    --{f.name.replace('_', '-')} {_show(getattr(defaults, f.name))}")
             print(f"        {docs.get(f.name, '')}")
+    from mhalearn.learners import LEARNERS, learner_label
+
+    print("Learners (--learner NAME ..., at the study's --steps where they take steps):")
+    for name in LEARNERS:
+        print(f"    {learner_label(name, STUDIES[DEFAULT].steps)}")
 
 
 def _show(value) -> str:

@@ -192,7 +192,7 @@ def files(tmp_path_factory):
 
 #: (arguments, what the one-line message must say); {root}: the fixture's folder
 BAD = [
-    (["run", "nonsense"], "unknown study 'nonsense'; expected one of recovery, regimes"),
+    (["run", "nonsense"], "unknown study 'nonsense'; expected one of heads, margin, recovery"),
     (["run", "regimes", "--instances", "1.5"], "--instances: expected an integer"),
     (["run", "regimes", "--beta", "x"], "--beta: cannot read 'x' (expected --beta [FLOAT"),
     (["run", "regimes", "--heads", "0"], "heads must be an integer >= 1, received 0"),
@@ -207,7 +207,7 @@ BAD = [
     (["run", "stepsize", "--rise-tol", "-1"], "rise_tol must lie in"),
     (["run", "regimes", "--seed", "-1"], "seed must lie in [0"),
     (["run", "recovery", "--family", "two_tokens"], "needs tokens == 2"),
-    (["run", "recovery", "--learner", "magic"], "invalid choice 'magic'"),
+    (["run", "recovery", "--learner", "magic"], "learner must be one of"),
     (["run", "regimes", "--inputs", "uniform"], "invalid choice 'uniform'"),
     (["run", "margin", "--init", "random"], "invalid choice 'random'"),
     (["run", "regimes", "--precision", "float16"], "invalid choice 'float16'"),

@@ -8,7 +8,9 @@ import argparse
 import jax
 import numpy as np
 
-jax.config.update("jax_enable_x64", True)
+from mhalearn.batch import set_precision
+
+set_precision("float64")
 
 
 def small_simulation(devices=None, chunk_size=None, vector_width=None):
