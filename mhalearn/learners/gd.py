@@ -22,7 +22,7 @@ kernel of :mod:`mhalearn.layer`). Batch over instances with ``jax.vmap`` or, bet
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Literal
+from typing import Literal, get_args
 
 import equinox as eqx
 import jax
@@ -38,7 +38,7 @@ from mhalearn.metrics.theory import movement
 from mhalearn.problems import ClassificationProblem, RegressionProblem
 
 OptimizerName = Literal["gd", "momentum", "adam", "normalized_gd"]
-OPTIMIZERS = ("gd", "momentum", "adam", "normalized_gd")
+OPTIMIZERS = get_args(OptimizerName)
 
 
 class GDConfig(eqx.Module):
@@ -63,6 +63,8 @@ class GDConfig(eqx.Module):
     momentum: float | Array = 0.9
     tol: float | Array = 0.0
 
+    problems = (RegressionProblem, ClassificationProblem)
+
     def __check_init__(self):
         if not callable(self.optimizer):
             choice("optimizer", self.optimizer, OPTIMIZERS)
@@ -75,8 +77,6 @@ class GDConfig(eqx.Module):
         in_range("lr", self.lr, 0.0, open_low=True)
         in_range("momentum", self.momentum, 0.0, 1.0)
         in_range("tol", self.tol, 0.0)
-
-    problems = (RegressionProblem, ClassificationProblem)
 
     def fit(self, key: PRNGKeyArray, problem, monitor: Monitor | None = None) -> Fit:
         """Fit ``problem``'s student from :meth:`start` with this config's optimiser."""
