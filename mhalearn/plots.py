@@ -1,14 +1,14 @@
-"""Figures from result Datasets: one function per study, each returning a Figure that a reader
-understands without the code.
+"""Figure helpers every study's figure is drawn with (each study declares its own figure,
+``Study.figure``; :func:`mhalearn.experiments.plot` picks it from a Dataset's ``study``).
 
 Every figure says what it draws: a caption under the panels (median of how many instances,
 what the band or the bars are), the fixed settings in its title, axis labels from the
 variables' ``long_name`` (:mod:`mhalearn.variables`), one legend for the whole figure, a marker
 and a line style per curve (and a slight shift along a log x axis, so that coinciding curves
 stay visible), and the values themselves as tick labels on sample and head axes. Curves are
-medians across instances with the interquartile range as a band; rates (success, separable)
-are shares with Wilson 95% intervals as bars. :func:`plot` picks the figure from the Dataset's
-``study`` attribute. Matplotlib is imported lazily (use the Agg backend headless).
+medians across instances with the interquartile range as a band (:func:`band`); rates
+(success, separable) are shares with Wilson 95% intervals as bars (:func:`rate`).
+Matplotlib is imported lazily (use the Agg backend headless).
 """
 
 from __future__ import annotations
