@@ -23,10 +23,16 @@
   identical for every chunk size and device count.
 - **Compiler options.** Instance programs are compiled with :func:`compiler_options` (on CPU:
   matrix products through the YNNPACK library) unless ``options`` says otherwise.
+- **Compiled once per process.** A compiled program is kept (the last 32) and reused by any
+  later call with the same function, static settings, shapes, width, options and device —
+  another seed, other swept values, a cell of the same shapes — as long as the function is
+  the same object (:func:`~mhalearn.simulate.simulate` always passes the same one);
+  :func:`clear_programs` forgets them.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 import os
@@ -130,12 +136,56 @@ def _compile(fn: Callable, args: tuple, options: dict) -> Any:
         return lowered.compile()
 
 
+#: compiled group programs of this process, by everything that determines them (the function,
+#: the static part of ``shared``, the argument shapes, the width, the options, the device): a
+#: repeated call with the same structure — another seed, other swept numbers, another cell of
+#: the same shapes — runs without compiling. The oldest are dropped beyond _KEPT.
+_PROGRAMS: collections.OrderedDict[Any, Any] = collections.OrderedDict()
+_KEPT = 32
+
+
+def clear_programs() -> None:
+    """Forget the compiled programs this process keeps (their memory is freed; the next call
+    of every structure compiles again)."""
+    _PROGRAMS.clear()
+
+
+def _program_key(fn, shared_static, key_kind, width, args, options, device) -> Any:
+    """A hashable description of the program, or None when a static part is not hashable."""
+    static_leaves, static_def = jax.tree.flatten(shared_static)
+    arg_leaves, arg_def = jax.tree.flatten(args)
+    shapes = tuple((np.shape(a), str(a.dtype)) for a in arg_leaves)
+    key = (fn, static_def, tuple(static_leaves), key_kind, width, arg_def, shapes)
+    key += (tuple(sorted(options.items())), device.platform, device.id)
+    key += (jax.config.jax_enable_x64, jax.config.jax_default_matmul_precision)
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _cached_compile(program_key, program: Callable, args: tuple, options: dict) -> Any:
+    if program_key is None:
+        return _compile(program, args, options)
+    if program_key not in _PROGRAMS:
+        _PROGRAMS[program_key] = _compile(program, args, options)
+        while len(_PROGRAMS) > _KEPT:
+            _PROGRAMS.popitem(last=False)
+    _PROGRAMS.move_to_end(program_key)
+    return _PROGRAMS[program_key]
+
+
 def _host(x: jax.Array) -> np.ndarray:
     if jax.process_count() > 1:
         from jax.experimental import multihost_utils
 
         return np.asarray(multihost_utils.process_allgather(x, tiled=True))
     return np.asarray(x)
+
+
+def _typed(key: PRNGKeyArray) -> bool:
+    return jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
 
 
 def _split_key(root_key: PRNGKeyArray) -> tuple[np.ndarray, Callable[[jax.Array], PRNGKeyArray]]:
@@ -276,6 +326,7 @@ def map_instances(
     shared_dynamic, shared_static = eqx.partition(shared, eqx.is_array_like)
     shared_dynamic = jax.tree.map(jnp.asarray, shared_dynamic)
     key_data, rebuild_key = _split_key(root_key)
+    key_kind = str(jax.random.key_impl(root_key)) if _typed(root_key) else "raw"
     mine = [d for d in devs if d.process_index == jax.process_index()]
 
     # Every device runs the same single-device program on its groups: an SPMD-partitioned
@@ -294,7 +345,11 @@ def map_instances(
     program = _group_program(fn, shared_static, rebuild_key, width)
     first = np.zeros(width, dtype=np.int64)  # rows of the first group, to compile
     options = compiler_options(devs) if options is None else options
-    run_group = {d: _compile(program, group_args(first, d), options) for d in mine}
+    run_group = {}
+    for d in mine:
+        args = group_args(first, d)
+        key = _program_key(fn, shared_static, key_kind, width, args, options, d)
+        run_group[d] = _cached_compile(key, program, args, options)
     toc = time.perf_counter()
 
     pieces = [

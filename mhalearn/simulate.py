@@ -182,16 +182,13 @@ def measure(
     swept, fixed = split_sweep(spec, instances)
     devs = select_devices(devices)
 
-    def run(key, per, shared):
-        return fn(instance_keys(key), eqx.combine(per, shared))
-
     timing: dict[str, float] = {}
     out = map_instances(
-        run,
+        _measured,
         key,
         instances,
         swept,
-        fixed,
+        {"fn": fn, "spec": fixed},
         key_ids=key_ids,
         chunk_size=chunk_size,
         devices=devs,
@@ -212,6 +209,12 @@ def measure(
         attrs=attrs,
         params=out.get("params"),
     )
+
+
+def _measured(key: PRNGKeyArray, per: Any, shared: dict[str, Any]) -> dict[str, Any]:
+    """One instance of :func:`measure` (module-level, with ``fn`` a static part of ``shared``,
+    so that the engine recognises a program it has compiled before)."""
+    return shared["fn"](instance_keys(key), eqx.combine(per, shared["spec"]))
 
 
 def _about(key: PRNGKeyArray, spec: Any, instances: int) -> dict[str, Any]:
@@ -244,28 +247,36 @@ def simulate(
     ``options``, ``progress``).
     """
 
-    def fit_and_score(keys: InstanceKeys, spec) -> dict[str, Any]:
-        task, learner = spec["task"], spec["learner"]
-        truth, problem = task.sample(keys.problem)
-        fit = learner.fit(keys.fit, problem, monitor=lambda p: task.monitor(truth, problem, p))
-        metrics = task.evaluate(keys.evaluate, truth, problem, fit)
-        out = {
-            "metrics": {**metrics, **{f"info_{k}": v for k, v in fit.info.items()}},
-            "trace": {"loss": fit.trace.loss, **fit.trace.metrics},
-            "status": {
-                **{f.name: getattr(fit.status, f.name) for f in dataclasses.fields(fit.status)},
-                **task.checks(truth),
-            },
-            "steps": fit.trace.steps,
-        }
-        if keep_params:
-            out["params"] = fit.params
-        return out
-
     spec = {"task": task, "learner": learner}
+    fit_and_score = _fit_score_and_keep if keep_params else _fit_and_score
     res = measure(key, fit_and_score, spec, instances, key_ids=key_ids, **Engine(**engine).kwargs())
     res.attrs.update(_tolerance(task))
     return res
+
+
+def _fit_and_score(keys: InstanceKeys, spec: dict[str, Any], keep_params: bool = False):
+    """One instance of :func:`simulate`: draw it, fit it, score it."""
+    task, learner = spec["task"], spec["learner"]
+    truth, problem = task.sample(keys.problem)
+    fit = learner.fit(keys.fit, problem, monitor=lambda p: task.monitor(truth, problem, p))
+    metrics = task.evaluate(keys.evaluate, truth, problem, fit)
+    out = {
+        "metrics": {**metrics, **{f"info_{k}": v for k, v in fit.info.items()}},
+        "trace": {"loss": fit.trace.loss, **fit.trace.metrics},
+        "status": {
+            **{f.name: getattr(fit.status, f.name) for f in dataclasses.fields(fit.status)},
+            **task.checks(truth),
+        },
+        "steps": fit.trace.steps,
+    }
+    if keep_params:
+        out["params"] = fit.params
+    return out
+
+
+def _fit_score_and_keep(keys: InstanceKeys, spec: dict[str, Any]):
+    """:func:`_fit_and_score`, returning the fitted parameters too."""
+    return _fit_and_score(keys, spec, keep_params=True)
 
 
 def _tolerance(task) -> dict[str, float]:

@@ -128,6 +128,7 @@ def test_two_process_distributed_run_equals_one_process(tmp_path):
 
 
 def test_sweep_of_learning_rates_and_seeds_compiles_once():
+    mh.batch.clear_programs()
     task = mh.RegressionTask(
         teacher=mh.TeacherSpec(heads=2, dim=4, tokens=3), samples=32, test_samples=8
     )
@@ -142,6 +143,23 @@ def test_sweep_of_learning_rates_and_seeds_compiles_once():
     # the same seed under different learning rates saw the same teacher and data
     first = res.trace["loss"][:, 0]
     np.testing.assert_array_equal(first[seeds == 1], first[1])
+
+
+def test_a_repeated_structure_compiles_once_per_process_with_the_same_numbers():
+    task = mh.RegressionTask(
+        teacher=mh.TeacherSpec(heads=2, dim=3, tokens=3), samples=24, test_samples=8
+    )
+    mh.batch.clear_programs()
+    with count_compiles() as names:
+        a = mh.simulate(jax.random.key(5), task, mh.GDConfig(steps=7, lr=0.02), 3)
+        b = mh.simulate(jax.random.key(6), task, mh.GDConfig(steps=7, lr=0.05), 3)
+        c = mh.simulate(jax.random.key(5), task, mh.GDConfig(steps=8, lr=0.02), 3)
+    assert names.count("instance_group") == 2, names  # another seed and lr: no compilation
+    assert b.attrs["compile_seconds"] < a.attrs["compile_seconds"] and c.trace_steps[-1] == 8
+    mh.batch.clear_programs()
+    fresh = mh.simulate(jax.random.key(6), task, mh.GDConfig(steps=7, lr=0.05), 3)
+    for name, value in fresh.arrays().items():
+        np.testing.assert_array_equal(b.arrays()[name], value, err_msg=name)
 
 
 def test_engine_bad_input():

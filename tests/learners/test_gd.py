@@ -213,6 +213,7 @@ def test_classifier_sweep_over_heads_step_sizes_and_seeds_compiles_once():
         mixture=mixture, heads=4, samples=32, test_samples=64, active_heads=heads
     )
     learner = mh.GDConfig(optimizer="gd", steps=30, lr=lrs)
+    mh.batch.clear_programs()
     with count_compiles() as names:
         res = mh.simulate(jax.random.key(0), task, learner, 12, key_ids=seeds)
     assert names.count("instance_group") == 1, names
