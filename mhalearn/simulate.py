@@ -25,7 +25,7 @@ import numpy as np
 from jaxtyping import PRNGKeyArray
 
 from mhalearn._validate import positive_int
-from mhalearn.batch import Engine, Progress, map_instances, provenance, select_devices
+from mhalearn.batch import Engine, map_instances, provenance, select_devices
 from mhalearn.learners.base import Learner
 from mhalearn.tasks import Task
 from mhalearn.variables import annotate
@@ -162,11 +162,7 @@ def measure(
     instances: int,
     *,
     key_ids: np.ndarray | Sequence[int] | None = None,
-    chunk_size: int | None = None,
-    devices: int | Sequence[jax.Device] | None = None,
-    vector_width: int | None = None,
-    options: dict | None = None,
-    progress: bool | Progress = False,
+    **engine: Any,
 ) -> Results:
     """``fn(instance_keys(fold_in(key, key_ids[i])), spec_i)`` for every instance i: THE way a
     per-instance computation is batched, whether or not it is a fit (:func:`simulate` is one).
@@ -175,12 +171,14 @@ def measure(
     shared when it is a scalar and swept when it is an array of shape ``(instances,)``
     (instance i sees entry i; the sweep is one compilation). The keys are split here, once, for
     every study: the problem key draws the task, the fit key the learner, the evaluation key
-    the scoring. See :func:`~mhalearn.batch.map_instances` for the engine options.
+    the scoring. ``engine``: the options of :class:`~mhalearn.batch.Engine` (see
+    :func:`~mhalearn.batch.map_instances`).
     """
     instances = positive_int("instances", instances)
     key_ids = np.arange(instances) if key_ids is None else np.asarray(key_ids)
     swept, fixed = split_sweep(spec, instances)
-    devs = select_devices(devices)
+    options = Engine(**engine).kwargs()
+    devs = select_devices(options.pop("devices"))
 
     timing: dict[str, float] = {}
     out = map_instances(
@@ -190,12 +188,9 @@ def measure(
         swept,
         {"fn": fn, "spec": fixed},
         key_ids=key_ids,
-        chunk_size=chunk_size,
         devices=devs,
-        vector_width=vector_width,
-        options=options,
-        progress=progress,
         stats=timing,
+        **options,
     )
     attrs = {**_about(key, spec, instances), **provenance(devs), **timing}
     steps = out.get("steps")
@@ -249,7 +244,7 @@ def simulate(
 
     spec = {"task": task, "learner": learner}
     fit_and_score = _fit_score_and_keep if keep_params else _fit_and_score
-    res = measure(key, fit_and_score, spec, instances, key_ids=key_ids, **Engine(**engine).kwargs())
+    res = measure(key, fit_and_score, spec, instances, key_ids=key_ids, **engine)
     res.attrs.update(_tolerance(task))
     return res
 

@@ -231,6 +231,10 @@ class _CellBar:
 
         return dataclasses.replace(engine, progress=report)
 
+    def advance(self) -> None:
+        """One more cell done."""
+        self.bar.update(1)
+
     def close(self) -> None:
         self.stop.set()
         self.bar.close()
@@ -257,7 +261,7 @@ def run_study(study: Study, store=None, engine: Engine | None = None, quiet: boo
             else:
                 store.write_cell(name, ds)
             if bar is not None:
-                bar.bar.update(1)
+                bar.advance()
     finally:
         if bar is not None:
             bar.close()

@@ -84,7 +84,7 @@ class GDConfig(eqx.Module):
 
     def start(self, key: PRNGKeyArray, problem) -> PyTree:
         """The parameters :meth:`fit` with the same key starts from."""
-        return problem.init(jax.random.split(key)[0])
+        return problem.init(_split(key)[0])
 
     def snapshot_steps(self) -> np.ndarray:
         """The steps at which the trace records (0 = the start, ``steps`` = the end)."""
@@ -108,6 +108,12 @@ def make_optimizer(config: GDConfig) -> optax.GradientTransformation:
     return optax.chain(
         optax.normalize_by_update_norm(scale_factor=1.0), optax.scale_by_learning_rate(lr)
     )
+
+
+def _split(key: PRNGKeyArray) -> tuple[PRNGKeyArray, PRNGKeyArray]:
+    """A fit's keys: the start's (``problem.init``) and the minibatches'."""
+    k_init, k_batch = jax.random.split(key)
+    return k_init, k_batch
 
 
 def _select(cond: Bool[Array, ""], new: PyTree, old: PyTree) -> PyTree:
@@ -193,7 +199,7 @@ def _fit(key: PRNGKeyArray, problem, config: GDConfig, monitor: Monitor | None) 
         raise ValueError(
             f"batch_size must be <= samples ({problem.samples}), received {config.batch_size}"
         )
-    k_init, k_batch = jax.random.split(key)
+    k_init, k_batch = _split(key)
     opt = make_optimizer(config)
     start = problem.init(k_init)
     snap_steps = config.snapshot_steps()
