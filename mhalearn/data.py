@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
+from mhalearn import draws
 from mhalearn._validate import choice, in_range, positive_int, positive_shape
 
 TokenDistribution = Literal["boolean", "gaussian"]
@@ -27,13 +28,13 @@ def _float_dtype(dtype):
 def boolean_tokens(key: PRNGKeyArray, shape, dtype=None) -> Float[Array, ...]:
     """Entries i.i.d. uniform on {-1, +1} (Chen–Li's main input distribution)."""
     shape = positive_shape("shape", shape)
-    return jax.random.rademacher(key, shape, dtype=_float_dtype(dtype))
+    return draws.rademacher(key, shape, dtype=_float_dtype(dtype))
 
 
 def gaussian_tokens(key: PRNGKeyArray, shape, dtype=None) -> Float[Array, ...]:
     """Entries i.i.d. standard normal (same first two moments as the Boolean tokens)."""
     shape = positive_shape("shape", shape)
-    return jax.random.normal(key, shape, dtype=_float_dtype(dtype))
+    return draws.normal(key, shape, dtype=_float_dtype(dtype))
 
 
 def same_token(X: Float[Array, "samples tokens dim"]) -> Bool[Array, "samples tokens tokens"]:
@@ -137,9 +138,9 @@ def tokenized_mixture(key: PRNGKeyArray, spec: MixtureSpec, samples: int, dtype=
     k_label, k_pos, k_which, k_noise = jax.random.split(key, 4)
     T, d = spec.tokens, spec.dim
 
-    y = jax.random.rademacher(k_label, (samples,), dtype=dtype)
+    y = draws.rademacher(k_label, (samples,), dtype=dtype)
     if spec.positions == "random":
-        u = jax.random.uniform(k_pos, (samples, T))
+        u = draws.uniform(k_pos, (samples, T))
         rank = jnp.argsort(jnp.argsort(u, axis=1), axis=1)
     else:
         rank = jnp.broadcast_to(jnp.arange(T), (samples, T))
@@ -147,11 +148,11 @@ def tokenized_mixture(key: PRNGKeyArray, spec: MixtureSpec, samples: int, dtype=
 
     signal = spec.label_means(dtype)[((y + 1) // 2).astype(jnp.int32)]  # (samples, dim)
     if spec.irrelevant_means > 0:
-        which = jax.random.randint(k_which, (samples, T), 0, spec.irrelevant_means)
+        which = draws.randint(k_which, (samples, T), 0, spec.irrelevant_means)
         background = spec.irrelevant_mean_vectors(dtype)[which]  # (samples, T, dim)
     else:
         background = jnp.zeros((samples, T, d), dtype)
     mean = jnp.where(relevant[..., None], signal[:, None, :], background)
-    z = jax.random.normal(k_noise, (samples, T, d), dtype=dtype)
+    z = draws.normal(k_noise, (samples, T, d), dtype=dtype)
     X = mean + (spec.noise / math.sqrt(d)) * z
     return Mixture(X=X.astype(dtype), y=y, relevant=relevant)

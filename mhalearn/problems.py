@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PRNGKeyArray, PyTree
 
+from mhalearn import draws
 from mhalearn._validate import check_shapes, in_range, positive_int
 from mhalearn.kernels import ClassifierSpec, classifier_score
 from mhalearn.layer import layer_outputs, squared_loss_and_grad
@@ -118,8 +119,8 @@ class RegressionProblem(eqx.Module):
         d = self.X.shape[-1]
         k_theta, k_w = jax.random.split(key)
         shape = (self.heads, d, d)
-        theta = (self.start.theta_init / d) * jax.random.normal(k_theta, shape, self.X.dtype)
-        W = (self.start.w_init / math.sqrt(d)) * jax.random.normal(k_w, shape, self.X.dtype)
+        theta = (self.start.theta_init / d) * draws.normal(k_theta, shape, self.X.dtype)
+        W = (self.start.w_init / math.sqrt(d)) * draws.normal(k_w, shape, self.X.dtype)
         return LayerParams(theta=theta, W=W)
 
     def loss(
@@ -172,11 +173,11 @@ class ClassificationProblem(eqx.Module):
             if self.spec.readout == "matrix"
             else (self.heads, d)
         )
-        W = (self.start.w_init / d) * jax.random.normal(k_w, (self.heads, d, d), dtype)
-        U = (self.start.u_init / math.sqrt(d)) * jax.random.normal(k_u, u_shape, dtype)
+        W = (self.start.w_init / d) * draws.normal(k_w, (self.heads, d, d), dtype)
+        U = (self.start.u_init / math.sqrt(d)) * draws.normal(k_u, u_shape, dtype)
         prompt = None
         if self.spec.query == "prompt":
-            prompt = jax.random.normal(k_p, (d,), dtype) / math.sqrt(d)
+            prompt = draws.normal(k_p, (d,), dtype) / math.sqrt(d)
         params = ClassifierParams(W=W, U=U, prompt=prompt)
         grads = jax.grad(self.loss)(params)
         return jax.tree.map(lambda p, g: p - self.start.one_step * g, params, grads)

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
+from mhalearn import draws
 from mhalearn._validate import in_range, positive_int
 from mhalearn.data import Mixture, MixtureSpec, sample_tokens, tokenized_mixture
 from mhalearn.kernels import ClassifierSpec
@@ -113,7 +114,7 @@ class RegressionTask(eqx.Module):
         """``label_noise·N(0, 1)``; not drawn at all when the level is 0 (it would add 0)."""
 
         def draw():
-            noise = self.label_noise * jax.random.normal(key, truth.shape, truth.dtype)
+            noise = self.label_noise * draws.normal(key, truth.shape, truth.dtype)
             return noise.astype(truth.dtype)
 
         return jax.lax.cond(jnp.asarray(self.label_noise) > 0, draw, lambda: jnp.zeros_like(truth))

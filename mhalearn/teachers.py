@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
+from mhalearn import draws
 from mhalearn._validate import arrays, check_shapes, choice, in_range, positive_int
 from mhalearn.data import TOKEN_DISTRIBUTIONS, TokenDistribution, sample_tokens
 from mhalearn.kernels import attention_weights
@@ -173,14 +174,14 @@ def draw_teacher(key: PRNGKeyArray, spec: TeacherSpec) -> LayerParams:
     dtype = jnp.result_type(float)
     k_theta, k_w, k_extra = jax.random.split(key, 3)
     if spec.family == "rank_one":
-        u, v = jax.random.normal(k_theta, (2, m, d), dtype)
+        u, v = draws.normal(k_theta, (2, m, d), dtype)
         u = u / jnp.linalg.norm(u, axis=-1, keepdims=True)
         v = v / jnp.linalg.norm(v, axis=-1, keepdims=True)
         theta = spec.beta * u[:, :, None] * v[:, None, :]
     else:
-        theta = (spec.beta / d) * jax.random.normal(k_theta, (m, d, d), dtype)
-    W = (spec.w_scale / jnp.sqrt(d)) * jax.random.normal(k_w, (m, d, d), dtype)
-    extra = jax.random.normal(k_extra, (d, d), dtype)
+        theta = (spec.beta / d) * draws.normal(k_theta, (m, d, d), dtype)
+    W = (spec.w_scale / jnp.sqrt(d)) * draws.normal(k_w, (m, d, d), dtype)
+    extra = draws.normal(k_extra, (d, d), dtype)
     if spec.family == "near_duplicate":
         theta = theta.at[1].set(theta[0] + spec.stress_eps * (spec.beta / d) * extra)
     elif spec.family == "ill_conditioned":
@@ -212,8 +213,13 @@ def sample_teacher_with_info(
         params, ok = draw(attempt)
         return attempt + 1, params, ok
 
-    first, ok = draw(0)
-    attempts, params, ok = jax.lax.while_loop(not_done, step, (jnp.asarray(1), first, ok))
+    # one copy of the draw in the program, inside the loop (a first draw before it would be a
+    # second copy to compile)
+    shapes = jax.eval_shape(draw, 0)[0]
+    none = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+    attempts, params, ok = jax.lax.while_loop(
+        not_done, step, (jnp.asarray(0), none, jnp.asarray(False))
+    )
     return params, TeacherInfo(attempts=attempts, accepted=ok)
 
 

@@ -127,6 +127,12 @@ VARIABLES: dict[str, Meta] = {
         "sum of training losses over the steps",
         "Σ_t L̂(θ_t) over every applied update: the stability proxy is lr/samples times it.",
     ),
+    # variable projection (learners.varpro)
+    "info_starts": Meta(
+        "random starts run",
+        "Starts variable projection ran, one after another until one fitted the data.",
+        "starts",
+    ),
     # the certify-and-sculpt pipeline (learners.chen_li, a reconstruction)
     "info_rows_certified": Meta(
         "certified rows", "Output rows certified as all heads attending one token value."

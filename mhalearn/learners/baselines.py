@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import optax
 from jaxtyping import Array, PRNGKeyArray
 
+from mhalearn import draws
 from mhalearn._validate import in_range, positive_int
 from mhalearn.learners.base import Fit, Monitor, fit_from_history
 from mhalearn.learners.linear import solve_values
@@ -111,7 +112,7 @@ class OracleConfig(eqx.Module):
                 f"the oracle baseline needs student heads == teacher heads, "
                 f"received {problem.heads} and {truth.shape[0]}"
             )
-        noise = jax.random.normal(key, truth.shape, truth.dtype)
+        noise = draws.normal(key, truth.shape, truth.dtype)
         scale = jnp.linalg.norm(truth, axis=(1, 2), keepdims=True) / truth.shape[-1]
         theta0 = truth + self.perturbation * scale * noise
         theta, W, history, done, iters = levenberg_marquardt(problem, theta0, self.refine)

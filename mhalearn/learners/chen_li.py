@@ -40,6 +40,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
+from mhalearn import draws
 from mhalearn._validate import in_range, positive_int
 from mhalearn.data import same_token
 from mhalearn.learners.base import Fit, Monitor, fit_from_history
@@ -203,7 +204,7 @@ def refine_sum_w_restarts(
     """:func:`refine_sum_w` from S0 and from ``refit_restarts − 1`` perturbations of it
     (relative size ``refit_noise``); keeps the estimate with the lowest trimmed residual (the
     refinement can stall at a wrong fixed point). Returns it and every start's score."""
-    noise = jax.random.normal(key, (config.refit_restarts - 1, *S0.shape), S0.dtype)
+    noise = draws.normal(key, (config.refit_restarts - 1, *S0.shape), S0.dtype)
     size = jnp.linalg.norm(S0) / S0.shape[0]
     starts = jnp.concatenate([S0[None], S0 + config.refit_noise * size * noise])
     finals = jax.vmap(lambda s: refine_sum_w(X, Y, s, config)[0])(starts)
@@ -261,7 +262,7 @@ def constraints(
     distinct = jnp.any(diff != 0, axis=-1).reshape(-1)
     valid = jnp.repeat(flat[order], k) & distinct
     # remove duplicates: equal rows have equal random projections
-    h = jnp.where(valid, G @ jax.random.normal(key, (d * d,), G.dtype), jnp.inf)
+    h = jnp.where(valid, G @ draws.normal(key, (d * d,), G.dtype), jnp.inf)
     sort = jnp.argsort(h)
     first = jnp.concatenate([jnp.array([True]), h[sort][1:] != h[sort][:-1]])
     valid = valid & jnp.zeros_like(valid).at[sort].set(first)
@@ -295,7 +296,7 @@ def span_estimate(
     """Top ``heads`` principal directions of the minimum-norm points of K and of
     ``span_subsets`` random sub-polyhedra. Returns (orthonormal rows, K's min-norm point)."""
     full = min_norm_point(K.G, K.valid, K.bound, config.qp_iterations)
-    keep = jax.random.bernoulli(
+    keep = draws.bernoulli(
         key, config.subset_fraction, (config.span_subsets, K.valid.shape[0])
     )
     subsets = jax.vmap(lambda m: min_norm_point(K.G, K.valid & m, K.bound, config.qp_iterations))(
@@ -345,7 +346,7 @@ def search_in_span(
     lift = jnp.kron(jnp.eye(m, dtype=basis.dtype), basis.T)  # vec(C) → vec(Θ)
 
     def one(k):
-        C = scale / math.sqrt(m) * jax.random.normal(k, (m, m), basis.dtype)
+        C = scale / math.sqrt(m) * draws.normal(k, (m, m), basis.dtype)
         theta0 = (C @ basis).reshape(m, d, d)
         theta, _, inside_span, _, _ = levenberg_marquardt(problem, theta0, config.candidate, lift)
         theta, W, history, done, iters = levenberg_marquardt(problem, theta, config.polish)

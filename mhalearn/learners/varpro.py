@@ -8,8 +8,8 @@ system of the reduced problem with Kaufman's projected Jacobian
 
 accumulated over chunks of samples (memory O(P²) for P = heads·dim² parameters, not
 O(samples·P)), takes a damped step, and keeps it only if the reduced cost falls (damping /3 on
-success, ×2 on failure). ``restarts`` random starts run side by side; the one with the lowest
-training residual is kept. Float64 is recommended: the method converges to ~1e-15 relative
+success, ×2 on failure). Random starts are tried one after another until one fits the data
+(at most ``restarts``); of those tried, the one with the lowest training residual is kept. Float64 is recommended: the method converges to ~1e-15 relative
 residual on realizable data, far below float32 resolution.
 """
 
@@ -31,9 +31,9 @@ from mhalearn.solvers import ridge_solve
 
 
 class VarProConfig(eqx.Module):
-    """``iterations`` LM iterations (the trace has one entry per iteration) from each of
-    ``restarts`` random starts; a start stops early once its reduced cost is ``<= tol`` times
-    mean(Y²). ``sample_chunk`` samples at a time build the Gauss–Newton system."""
+    """``iterations`` LM iterations (the trace has one entry per iteration) from each of up to
+    ``restarts`` random starts, one after another; a start stops early once its reduced cost
+    is ``<= tol`` times mean(Y²), and then no further start is tried. ``sample_chunk`` samples at a time build the Gauss–Newton system."""
 
     iterations: int = eqx.field(static=True, default=30)
     restarts: int = eqx.field(static=True, default=4)
@@ -55,17 +55,39 @@ class VarProConfig(eqx.Module):
     def fit(
         self, key: PRNGKeyArray, problem: RegressionProblem, monitor: Monitor | None = None
     ) -> Fit:
-        """Variable projection from ``restarts`` starts ``problem.init(fold_in(key, r))``;
-        the restart with the lowest final training residual is returned."""
-        starts = jax.vmap(lambda r: problem.init(jax.random.fold_in(key, r)).theta)(
-            jnp.arange(self.restarts)
+        """Variable projection from the starts ``problem.init(fold_in(key, r))``, r = 0, 1, …,
+        tried one after another until one fits (reduced cost ``<= tol``·mean(Y²)) or
+        ``restarts`` have run; of those tried, the one with the lowest final training residual
+        is returned, and ``info["starts"]`` says how many ran. Most random teachers fit from
+        the first start, so the others cost nothing (under ``vmap`` a group runs another start
+        while any of its instances needs one)."""
+
+        def attempt(r):
+            theta0 = problem.init(jax.random.fold_in(key, r)).theta
+            return levenberg_marquardt(problem, theta0, self)
+
+        def needs_another(carry):
+            r, (*_, done, _) = carry
+            return (r < self.restarts) & ~done
+
+        def next_start(carry):
+            r, best = carry
+            out = attempt(r)
+            better = out[2][-1] < best[2][-1]
+            return r + 1, jax.tree.map(lambda new, old: jnp.where(better, new, old), out, best)
+
+        # before the first start: the shapes of a result, a cost of +inf (one copy of the solver
+        # in the program, inside the loop)
+        shapes = jax.eval_shape(attempt, 0)
+        none = (*(jnp.full(s.shape, jnp.inf, s.dtype) for s in shapes[:3]), False, 0)
+        none = jax.tree.map(lambda v, s: jnp.asarray(v, s.dtype), none, shapes)
+        starts, (theta, W, history, done, iters) = jax.lax.while_loop(
+            needs_another, next_start, (jnp.asarray(0), none)
         )
-        thetas, Ws, histories, done, iters = jax.vmap(
-            lambda t: levenberg_marquardt(problem, t, self)
-        )(starts)
-        best = jnp.argmin(histories[:, -1])
-        params = LayerParams(theta=thetas[best], W=Ws[best])
-        return fit_from_history(params, histories[best], done[best], iters[best], monitor)
+        params = LayerParams(theta=theta, W=W)
+        return fit_from_history(
+            params, history, done, iters, monitor, info={"starts": starts.astype(history.dtype)}
+        )
 
 
 def reduced_cost(problem: RegressionProblem, theta, ridge) -> tuple[Float[Array, ""], Array]:

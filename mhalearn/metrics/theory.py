@@ -22,6 +22,7 @@ import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 from jaxtyping import Array, Bool, Float, PRNGKeyArray, PyTree
 
+from mhalearn import draws
 from mhalearn.kernels import ClassifierSpec, classifier_attention, classifier_score
 from mhalearn.params import ClassifierParams
 from mhalearn.solvers import box_qp
@@ -94,7 +95,7 @@ def _flat_hvp(f, params: PyTree, key: PRNGKeyArray):
     def hvp(v):
         return ravel_pytree(hessian_vector_product(f, params, unravel(v)))[0]
 
-    return hvp, jax.random.normal(key, flat.shape, flat.dtype)
+    return hvp, draws.normal(key, flat.shape, flat.dtype)
 
 
 def _power(matvec, v0: Float[Array, " p"], iterations: int) -> Float[Array, ""]:

@@ -74,3 +74,23 @@ def test_restarts_keep_the_best_residual(rng):
         for r in range(5)
     ]
     np.testing.assert_allclose(out.trace.loss[-1], min(singles), rtol=1e-12)
+    assert float(out.info["starts"]) == 5  # none fits at tol 0: every start ran
+
+
+def test_starts_run_one_after_another_until_one_fits():
+    # realizable data: the first start fits, so the second never runs; vmapped the same
+    task = mh.RegressionTask(teacher=mh.TeacherSpec(heads=2, dim=4, tokens=3), samples=200)
+    _, problem = task.sample(jax.random.key(1))
+    config = varpro.VarProConfig(iterations=20, restarts=3, tol=1e-16)
+    key = jax.random.key(2)
+    out = config.fit(key, problem)
+    first = varpro.levenberg_marquardt(
+        problem, problem.init(jax.random.fold_in(key, 0)).theta, config
+    )
+    assert float(out.info["starts"]) == 1 and bool(out.status.converged)
+    np.testing.assert_allclose(out.trace.loss, first[2], rtol=1e-5)  # jitted vs eager: ulps
+    np.testing.assert_allclose(out.params.theta, first[0], rtol=1e-9, atol=1e-12)
+    keys = jnp.stack([key, jax.random.key(3)])
+    both = jax.vmap(lambda k: config.fit(k, problem))(keys)
+    np.testing.assert_allclose(both.trace.loss[0], first[2], rtol=1e-5)
+    assert np.all(np.asarray(both.info["starts"]) >= 1)
