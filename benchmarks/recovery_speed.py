@@ -75,9 +75,10 @@ def reduced(theta_flat: np.ndarray, X: np.ndarray, Y: np.ndarray, heads: int):
     W = np.linalg.lstsq(Z, Y.reshape(n * T, d), rcond=None)[0].reshape(heads, d, d)
     residual = (Z @ W.reshape(heads * d, d)).reshape(n, T, d) - Y
     V = X[:, None] @ W[None]  # (n, heads, T, d)
-    C = np.einsum("nits,nsq,nise->nitqe", A, X, V, optimize=True) - Phi[..., None] * (A @ V)[
-        ..., None, :
-    ]
+    C = (
+        np.einsum("nits,nsq,nise->nitqe", A, X, V, optimize=True)
+        - Phi[..., None] * (A @ V)[..., None, :]
+    )
 
     def project(u):  # (I − P_Z) for each output coordinate e
         U = u.reshape(n * T, d)
@@ -119,9 +120,9 @@ def scipy_varpro(X, Y, heads, starts, tol=1e-20):
     for theta0 in starts:
         memo = Memo(X, Y, heads)
         out = scipy.optimize.least_squares(
-            lambda t: memo(t)[0],
+            lambda t, memo=memo: memo(t)[0],
             theta0.ravel(),
-            jac=lambda t: memo(t)[1],
+            jac=lambda t, memo=memo: memo(t)[1],
             method="trf",
             tr_solver="lsmr",
             xtol=1e-15,
@@ -208,7 +209,8 @@ def main() -> None:
     if args.check:
         for dim, tokens, heads, samples, _ in CELLS:
             worst = check_jacobian(cell_task(dim, tokens, heads, samples))
-            print(f"cell {(dim, tokens, heads, samples)}: largest relative Jacobian error {worst:.1e}")
+            cell = (dim, tokens, heads, samples)
+            print(f"cell {cell}: largest relative Jacobian error {worst:.1e}")
         return
     cells = [CELLS[i] for i in args.cells] if args.cells is not None else CELLS
     if args.small:

@@ -296,9 +296,7 @@ def span_estimate(
     """Top ``heads`` principal directions of the minimum-norm points of K and of
     ``span_subsets`` random sub-polyhedra. Returns (orthonormal rows, K's min-norm point)."""
     full = min_norm_point(K.G, K.valid, K.bound, config.qp_iterations)
-    keep = draws.bernoulli(
-        key, config.subset_fraction, (config.span_subsets, K.valid.shape[0])
-    )
+    keep = draws.bernoulli(key, config.subset_fraction, (config.span_subsets, K.valid.shape[0]))
     subsets = jax.vmap(lambda m: min_norm_point(K.G, K.valid & m, K.bound, config.qp_iterations))(
         keep
     )

@@ -9,8 +9,9 @@ system of the reduced problem with Kaufman's projected Jacobian
 accumulated over chunks of samples (memory O(P²) for P = heads·dim² parameters, not
 O(samples·P)), takes a damped step, and keeps it only if the reduced cost falls (damping /3 on
 success, ×2 on failure). Random starts are tried one after another until one fits the data
-(at most ``restarts``); of those tried, the one with the lowest training residual is kept. Float64 is recommended: the method converges to ~1e-15 relative
-residual on realizable data, far below float32 resolution.
+(at most ``restarts``); of those tried, the one with the lowest training residual is kept.
+Float64 is recommended: the method converges to ~1e-15 relative residual on realizable data,
+far below float32 resolution.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ from mhalearn.solvers import ridge_solve
 class VarProConfig(eqx.Module):
     """``iterations`` LM iterations (the trace has one entry per iteration) from each of up to
     ``restarts`` random starts, one after another; a start stops early once its reduced cost
-    is ``<= tol`` times mean(Y²), and then no further start is tried. ``sample_chunk`` samples at a time build the Gauss–Newton system."""
+    is ``<= tol`` times mean(Y²), and then no further start is tried. ``sample_chunk``
+    samples at a time build the Gauss–Newton system."""
 
     iterations: int = eqx.field(static=True, default=30)
     restarts: int = eqx.field(static=True, default=4)
