@@ -17,10 +17,15 @@
   the cores run instance programs side by side.
 - **Vector width.** The compiled unit is a group of ``vector_width`` instances, vmapped, on
   one device (a group of one is not vmapped at all, so the program runs plain, unbatched
-  kernels). Groups are dispatched asynchronously, round robin over the devices, so every
-  device has work from the start. The width is fixed, not derived from the chunk or the
+  kernels). By default 1 on CPU; on an accelerator, as many as fit in half its memory
+  (:func:`fitted_width`, from the compiler's memory report of a 32-wide probe) up to the
+  instances each device receives, so thousands of instances are in flight per call. Groups
+  are dispatched asynchronously, round robin over the devices, so every device has work
+  from the start. A given width is not derived from the chunk or the
   device count, so every instance is computed by the same program and results are bitwise
-  identical for every chunk size and device count.
+  identical for every chunk size and device count (the fitted width of an accelerator
+  depends on the instance count and memory: give ``vector_width`` to pin it; ``stats``
+  reports the width used).
 - **Compiler options.** Instance programs are compiled with :func:`compiler_options` (on CPU:
   matrix products through the YNNPACK library) unless ``options`` says otherwise.
 - **Compiled once per process.** A compiled program is kept (the last 32) and reused by any
@@ -103,9 +108,40 @@ def enable_compilation_cache(folder: str) -> None:
 
 
 def default_vector_width(devices: Sequence[jax.Device]) -> int:
-    """1 on CPU (per-instance work is large enough for the cores, and caches stay warm);
-    32 on accelerators, which need many instances in flight."""
-    return 1 if devices[0].platform == "cpu" else 32
+    """1 on CPU (per-instance work is large enough for the cores, and caches stay warm). On
+    accelerators the width is fitted to the device's memory and the problem
+    (:func:`fitted_width`); this is the probe width it is measured at."""
+    return 1 if devices[0].platform == "cpu" else _PROBE_WIDTH
+
+
+_PROBE_WIDTH = 32
+#: the share of an accelerator's memory one group program may fill
+MEMORY_SHARE = 0.5
+
+
+def fitted_width(bytes_per_instance: float, memory_bytes: float, instances_per_device: int) -> int:
+    """The width of the group program on an accelerator: the largest power of two whose
+    groups fit in :data:`MEMORY_SHARE` of ``memory_bytes`` at ``bytes_per_instance`` (what
+    the compiler reports for a probe group, per instance), and no wider than the instances
+    each device receives (rounded up to a power of two), so that thousands of instances
+    are in flight per call without padding a small run. At least 1."""
+    fit = MEMORY_SHARE * memory_bytes / max(bytes_per_instance, 1.0)
+    need = 2 ** math.ceil(math.log2(max(instances_per_device, 1)))
+    return int(max(1, min(2 ** math.floor(math.log2(max(fit, 1.0))), need)))
+
+
+def _program_bytes(compiled: Any) -> float | None:
+    """Device memory a compiled program uses (arguments, outputs, temporaries), if known."""
+    try:
+        m = compiled.memory_analysis()
+        return float(m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes)
+    except (AttributeError, NotImplementedError, jax.errors.JaxRuntimeError):
+        return None
+
+
+def _device_memory(device: jax.Device) -> float | None:
+    stats = device.memory_stats() or {}
+    return stats.get("bytes_limit")
 
 
 # XLA:CPU hands matrix products to the YNNPACK library when this (experimental) option is
@@ -315,7 +351,8 @@ def map_instances(
     told when compilation starts and as instances finish.
 
     ``stats``, when a dict is given, receives ``compile_seconds`` (ahead-of-time compilation,
-    all devices) and ``run_seconds`` (everything after it, results on the host included).
+    all devices), ``run_seconds`` (everything after it, results on the host included) and
+    ``vector_width`` (the width used).
     """
     instances = positive_int("instances", instances)
     devs = select_devices(devices)
@@ -342,14 +379,27 @@ def map_instances(
     tic = time.perf_counter()
     if report is not None:
         report("compiling", 0, instances)
-    program = _group_program(fn, shared_static, rebuild_key, width)
-    first = np.zeros(width, dtype=np.int64)  # rows of the first group, to compile
+
+    def compile_all(width):
+        program = _group_program(fn, shared_static, rebuild_key, width)
+        first = np.zeros(width, dtype=np.int64)  # rows of the first group, to compile
+        compiled = {}
+        for d in mine:
+            args = group_args(first, d)
+            key = _program_key(fn, shared_static, key_kind, width, args, options, d)
+            compiled[d] = _cached_compile(key, program, args, options)
+        return compiled
+
     options = compiler_options(devs) if options is None else options
-    run_group = {}
-    for d in mine:
-        args = group_args(first, d)
-        key = _program_key(fn, shared_static, key_kind, width, args, options, d)
-        run_group[d] = _cached_compile(key, program, args, options)
+    run_group = compile_all(width)
+    if vector_width is None and devs[0].platform != "cpu":  # fit the width to the memory
+        used, memory = _program_bytes(run_group[mine[0]]), _device_memory(mine[0])
+        if used is not None and memory is not None:
+            fitted = fitted_width(used / width, memory, math.ceil(instances / len(devs)))
+            if fitted != width:
+                width = fitted
+                chunk = _chunk(instances, chunk_size, len(devs) * width)
+                run_group = compile_all(width)
     toc = time.perf_counter()
 
     pieces = [
@@ -360,7 +410,9 @@ def map_instances(
         report("done", instances, instances)
     result = jax.tree.map(lambda *parts: np.concatenate(parts), *pieces)
     if stats is not None:
-        stats.update(compile_seconds=toc - tic, run_seconds=time.perf_counter() - toc)
+        stats.update(
+            compile_seconds=toc - tic, run_seconds=time.perf_counter() - toc, vector_width=width
+        )
     return result
 
 

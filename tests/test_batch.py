@@ -217,3 +217,26 @@ def test_unknown_compiler_option_warns_and_compiles_without_it():
             options={"xla_cpu_no_such_option": True},
         )
     np.testing.assert_array_equal(out, 3.0)
+
+
+def test_fitted_width_fills_half_the_memory_and_no_more_than_the_instances():
+    from mhalearn.batch import MEMORY_SHARE, fitted_width
+
+    gib = 2.0**30
+    # 1 MiB per instance in 80 GiB: 40 960 fit in half of it, the largest power of two 32 768
+    assert fitted_width(2.0**20, 80 * gib, 10**6) == 32768
+    assert fitted_width(2.0**20, 80 * gib, 1000) == 1024  # no wider than the instances need
+    assert fitted_width(2.0**20, 80 * gib, 1) == 1
+    assert fitted_width(100 * gib, 80 * gib, 1000) == 1  # too large for one: still one
+    for per, mem, n in [(3e5, 16 * gib, 5000), (7e6, 40 * gib, 123), (1.0, 1e6, 7)]:
+        w = fitted_width(per, mem, n)
+        assert w & (w - 1) == 0 and w * per <= max(MEMORY_SHARE * mem, per)
+        assert w < 2 * n and (2 * w * per > MEMORY_SHARE * mem or w >= n)
+
+
+def test_the_width_used_is_reported():
+    stats = {}
+    mh.map_instances(lambda k, p, s: jnp.ones(2), jax.random.key(0), 3, stats=stats)
+    assert stats["vector_width"] == 1  # the CPU default
+    mh.map_instances(lambda k, p, s: jnp.ones(2), jax.random.key(0), 3, vector_width=2, stats=stats)
+    assert stats["vector_width"] == 2
