@@ -7,7 +7,10 @@ import datetime
 import os
 import platform
 import resource
+import time
 from pathlib import Path
+
+import numpy as np
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -103,3 +106,21 @@ def _fmt(v) -> str:
     if isinstance(v, float):
         return f"{v:.4g}" if abs(v) < 1e4 else f"{v:.0f}"
     return str(v)
+
+
+def ceiling_gflops(n: int | None = None, repeats: int = 10) -> float:
+    """The float32 matrix-multiply rate of the default device through jax (best of
+    ``repeats``; n × n products, n = 2048 on CPU and 8192 on an accelerator)."""
+    import jax
+    import jax.numpy as jnp
+
+    n = n or (2048 if jax.devices()[0].platform == "cpu" else 8192)
+    a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
+    dot = jax.jit(lambda x: x @ x)
+    jax.block_until_ready(dot(a))
+    best = np.inf
+    for _ in range(repeats):
+        tic = time.perf_counter()
+        jax.block_until_ready(dot(a))
+        best = min(best, time.perf_counter() - tic)
+    return 2 * n**3 / best / 1e9

@@ -1,13 +1,14 @@
 """mhalearn's engine against the straightforward implementations, side by side in one process.
 
-    python benchmarks/compare.py                 # three shapes, every implementation
+    python benchmarks/compare.py                 # four shapes, every implementation
     python benchmarks/compare.py --small         # the first two shapes, fewer steps
     python benchmarks/compare.py --memory        # also: peak memory at 256 and 4096 instances
     python benchmarks/compare.py --compilation-cache /tmp/jaxcache   # persistent XLA cache
 
 The workload: B students fitted by full-batch GD (float32, fixed step size) to B random
 Chen–Li teachers, at the standard shape (heads 4, dim 16, tokens 8, samples 512, B 256) and at
-(2, 8, 4, 256, B 64) and (4, 64, 16, 256, B 16). Implementations:
+(2, 8, 4, 256, B 64), (4, 64, 16, 256, B 16) and the phase diagrams' cells (2, 8, 4, 32,
+B 1024). Implementations:
 
 - ``mhalearn``: ``mh.simulate`` with ``GDConfig(optimizer="gd")`` — its timed run also draws
   every teacher and data set and scores every fit, so it does more than the others. The CPU
@@ -19,7 +20,8 @@ Chen–Li teachers, at the standard shape (heads 4, dim 16, tokens 8, samples 51
 - ``jax_naive``: ``jit(vmap(scan(step)))`` of an einsum formulation of the loss, ``jax.grad``;
 - ``torch_loop``: PyTorch, one instance after another, autograd and an in-place update;
 - ``torch_vmap``: ``torch.func.vmap(torch.func.grad(loss))`` over the instances, per step;
-- ``ceiling``: the machine's measured float32 matrix-multiply rate (jax, 2048²).
+- ``ceiling``: the device's measured float32 matrix-multiply rate (jax; 2048² on CPU, 8192²
+  on an accelerator), in the same run.
 
 PyTorch is optional (``pip install -e ".[bench]"``); its rows are skipped with a message when it
 is absent. Prints instance-steps/s, GFLOP/s (3× forward FLOPs per step), the ratio of mhalearn
@@ -42,7 +44,16 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import LR, STANDARD, append_rows, gd_workload, layer_flops_per_step, machine, table
+from _common import (
+    LR,
+    STANDARD,
+    append_rows,
+    ceiling_gflops,
+    gd_workload,
+    layer_flops_per_step,
+    machine,
+    table,
+)
 
 import mhalearn as mh
 
@@ -50,6 +61,7 @@ SHAPES = [
     dict(STANDARD, instances=256),
     dict(heads=2, dim=8, tokens=4, samples=256, instances=64),
     dict(heads=4, dim=64, tokens=16, samples=256, instances=16),
+    dict(heads=2, dim=8, tokens=4, samples=32, instances=1024),  # the phase diagrams' cells
 ]
 
 
@@ -147,19 +159,6 @@ def run_torch_vmap(shape: dict, steps: int, data):
         g_theta, g_W = grads(theta, W, X, Y)
         theta, W = theta - LR * g_theta, W - LR * g_W
     return 0.0, time.perf_counter() - tic
-
-
-def ceiling_gflops(n: int = 2048, repeats: int = 10) -> float:
-    """The float32 matrix-multiply rate of this machine through jax (best of ``repeats``)."""
-    a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
-    dot = jax.jit(lambda x: x @ x)
-    jax.block_until_ready(dot(a))
-    best = np.inf
-    for _ in range(repeats):
-        tic = time.perf_counter()
-        jax.block_until_ready(dot(a))
-        best = min(best, time.perf_counter() - tic)
-    return 2 * n**3 / best / 1e9
 
 
 IMPLS = {

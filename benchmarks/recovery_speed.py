@@ -3,6 +3,7 @@
     python benchmarks/recovery_speed.py            # the four cells of issue 15
     python benchmarks/recovery_speed.py --small    # the first cell, 16 teachers
     python benchmarks/recovery_speed.py --cells 0 3  # some of the cells
+    python benchmarks/recovery_speed.py --memory   # peak memory at 64 and 4096 teachers
 
 Every learner sees the same teachers and training sets (root key 0, instance i). The baseline
 is what a user without mhalearn would write: one teacher at a time, float64
@@ -12,8 +13,11 @@ Jacobian written here in numpy — from the same starts as mhalearn's variable p
 (restart r: ``problem.init(fold_in(fit key, r))``), the next start tried only when a start
 does not fit the data. mhalearn's learners run through ``simulate`` as a user runs them: the
 wall time of the whole call, compilation included (the first call of a shape in the
-process; nothing is kept from an earlier cell), and the steady state apart (the same call
-after its compilation). A teacher is recovered when every matched Θ_i and W_i is within
+process; nothing is kept from an earlier cell), the steady state apart (the same call after
+its compilation), and for variable projection the wall time of a second run of the study
+(``wall_warm_s``: the call again in a process that has forgotten its programs, which it
+reads from the persistent compilation cache of ``mh.enable_compilation_cache``, empty at
+the start of the script). A teacher is recovered when every matched Θ_i and W_i is within
 1e-3 relative error, scored the same way for every learner. Prints a table per cell and the
 ratios; appends rows to benchmarks/results/recovery_speed.csv.
 
@@ -28,7 +32,10 @@ products against central differences of the residual at the teacher (largest rel
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -44,7 +51,7 @@ from mhalearn.simulate import instance_keys
 mh.set_precision("float64")  # variable projection needs it
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import append_rows, machine, table  # noqa: E402
+from _common import append_rows, machine, peak_rss_mb, table  # noqa: E402
 
 #: (dim, tokens, heads, samples, teachers), β = 4
 CELLS = [(8, 4, 2, 1000, 64), (8, 4, 3, 2000, 64), (16, 8, 2, 2000, 16), (8, 4, 2, 32, 64)]
@@ -185,19 +192,66 @@ def run_scipy(task, teachers: int, restarts: int) -> dict:
     return {"recovered": recovered, "wall_s": seconds, "steady_s": seconds}
 
 
-def run_batched(task, learner, teachers: int) -> dict:
+def run_batched(task, learner, teachers: int, warm: bool) -> dict:
     """The whole ``simulate`` call, compiling first as in a fresh process (the programs kept
-    from earlier cells are forgotten); its run time after compilation is the steady state."""
+    from earlier cells are forgotten); its run time after compilation is the steady state.
+    ``warm``: the same call again as a second run of the study would make it, its programs
+    read from the persistent compilation cache (forgotten in the process first)."""
     mh.batch.clear_programs()
     tic = time.perf_counter()
     res = mh.simulate(jax.random.key(0), task, learner, teachers)
-    wall = time.perf_counter() - tic
-    return {
+    out = {
         "recovered": int(res.metrics["success"].sum()),
-        "wall_s": wall,
+        "wall_s": time.perf_counter() - tic,
         "steady_s": res.attrs["run_seconds"],
         "compile_s": res.attrs["compile_seconds"],
     }
+    if warm:
+        mh.batch.clear_programs()
+        tic = time.perf_counter()
+        mh.simulate(jax.random.key(0), task, learner, teachers)
+        out["wall_warm_s"] = time.perf_counter() - tic
+    return out
+
+
+#: --memory: the last cell's shape, budgets cut short (the solvers' loops carry fixed-size
+#: state, so memory does not depend on the iteration counts), chunks of 64 teachers
+MEMORY_LEARNERS = {
+    "varpro": lambda: mh.VarProConfig(iterations=3, restarts=1),
+    "chen_li": lambda: mh.ChenLiConfig(
+        refit_rounds=3,
+        refit_restarts=2,
+        qp_iterations=20,
+        candidate=mh.VarProConfig(iterations=2, restarts=1),
+        polish=mh.VarProConfig(iterations=2, restarts=1),
+    ),
+}
+
+
+def memory_one(learner: str, teachers: int) -> dict:
+    """One run in this process (a fresh subprocess of ``--memory``): its peak memory."""
+    task = cell_task(*CELLS[-1][:4])
+    tic = time.perf_counter()
+    res = mh.simulate(jax.random.key(0), task, MEMORY_LEARNERS[learner](), teachers, chunk_size=64)
+    kept = sum(a.nbytes for a in res.arrays().values()) / teachers
+    return {
+        "learner": learner,
+        "teachers": teachers,
+        "chunk_size": 64,
+        "wall_s": time.perf_counter() - tic,
+        "peak_rss_mb": peak_rss_mb(),
+        "result_bytes_per_teacher": kept,
+    }
+
+
+def memory_rows() -> list[dict]:
+    rows = []
+    for learner in MEMORY_LEARNERS:
+        for teachers in (64, 4096):
+            cmd = [sys.executable, __file__, "--memory-one", learner, str(teachers)]
+            out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+            rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    return rows
 
 
 def main() -> None:
@@ -205,7 +259,22 @@ def main() -> None:
     p.add_argument("--small", action="store_true", help="the first cell, 16 teachers")
     p.add_argument("--cells", type=int, nargs="*", default=None, help="cell indices (0–3)")
     p.add_argument("--check", action="store_true", help="check the baseline's Jacobian only")
+    p.add_argument("--memory", action="store_true", help="peak memory at 64 and 4096 teachers")
+    p.add_argument("--memory-one", nargs=2, help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.memory_one:
+        print(json.dumps(memory_one(args.memory_one[0], int(args.memory_one[1]))))
+        return
+    if args.memory:
+        rows = memory_rows()
+        print(f"shape {CELLS[-1][:4]}, chunks of 64 teachers, short budgets:")
+        print(table(rows, ["learner", "teachers", "wall_s", "peak_rss_mb"]))
+        for a, b in zip(rows[::2], rows[1::2], strict=True):
+            ratio = b["peak_rss_mb"] / a["peak_rss_mb"]
+            print(f"{a['learner']}: peak memory 4096 / 64 teachers {ratio:.2f}×")
+        path = append_rows("recovery_memory", [{**machine(), **r} for r in rows])
+        print(f"rows appended to {path}")
+        return
     if args.check:
         for dim, tokens, heads, samples, _ in CELLS:
             worst = check_jacobian(cell_task(dim, tokens, heads, samples))
@@ -217,37 +286,31 @@ def main() -> None:
         cells = [(*CELLS[0][:4], 16)]
     restarts = make_learner("varpro", 1).restarts
     print(f"machine: {machine()}, jax {jax.__version__}, float64")
+    # an empty persistent cache: the first call of a cell compiles (and stores), the warm one
+    # reads what it stored — a second run of the same study
+    mh.enable_compilation_cache(tempfile.mkdtemp(prefix="mhalearn-xla-"))
     rows = []
     for dim, tokens, heads, samples, teachers in cells:
         task = cell_task(dim, tokens, heads, samples)
         shape = {"dim": dim, "tokens": tokens, "heads": heads, "samples": samples}
         out = {"scipy_varpro": run_scipy(task, teachers, restarts)}
         for name, steps in LEARNERS.items():
-            out[name] = run_batched(task, make_learner(name, steps), teachers)
+            out[name] = run_batched(task, make_learner(name, steps), teachers, name == "varpro")
         base = out["scipy_varpro"]
         per = lambda o, k: o[k] / max(o["recovered"], 1)  # noqa: E731
         cell_rows = []
         for name, o in out.items():
-            row = {
-                **shape,
-                "teachers": teachers,
-                "learner": name,
-                "recovered": o["recovered"],
-                "wall_s": o["wall_s"],
-                "steady_s": o["steady_s"],
-                "compile_s": o.get("compile_s", 0.0),
-                "s_per_recovered_wall": per(o, "wall_s"),
-                "s_per_recovered_steady": per(o, "steady_s"),
-                "speedup_wall": per(base, "wall_s") / per(o, "wall_s") if o["recovered"] else 0.0,
-                "speedup_steady": (
-                    per(base, "steady_s") / per(o, "steady_s") if o["recovered"] else 0.0
-                ),
-            }
+            o.setdefault("wall_warm_s", o["wall_s"] if name == "scipy_varpro" else float("nan"))
+            row = {**shape, "teachers": teachers, "learner": name, **o}
+            for kind in ("wall", "wall_warm", "steady"):
+                row[f"s_per_recovered_{kind}"] = per(o, f"{kind}_s")
+                ratio = per(base, f"{kind}_s") / per(o, f"{kind}_s") if o["recovered"] else 0.0
+                row[f"speedup_{kind}"] = ratio
             cell_rows.append(row)
         print(f"\n{shape}, {teachers} teachers, β 4:")
-        columns = ["learner", "recovered", "wall_s", "steady_s", "compile_s"]
-        columns += ["s_per_recovered_wall", "speedup_wall", "speedup_steady"]
-        print(table(cell_rows, columns))
+        columns = ["learner", "recovered", "wall_s", "compile_s", "steady_s", "wall_warm_s"]
+        columns += ["s_per_recovered_wall", "speedup_wall", "speedup_wall_warm", "speedup_steady"]
+        print(table(cell_rows, columns), flush=True)
         rows += cell_rows
     path = append_rows("recovery_speed", [{**machine(), **r} for r in rows])
     print(f"\nrows appended to {path}")

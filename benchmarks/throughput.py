@@ -2,11 +2,15 @@
 
     python benchmarks/throughput.py            # the standard shape, then the instance sweep
     python benchmarks/throughput.py --small    # a quick look (fewer steps and instances)
+    python benchmarks/throughput.py --large 16384   # also one large batch (accelerators)
 
 Standard shape: heads 4, dim 16, tokens 8, samples 512, 256 instances. Each configuration runs
 in a fresh subprocess so that its peak memory (max RSS) is its own; compilation is timed apart
 from the steady-state run. The sweep over instances (64 .. 4096, chunk 256) shows time growing
-linearly and peak memory staying flat. Rows go to benchmarks/results/throughput.csv.
+linearly and peak memory staying flat. ``--large B`` adds a row of B instances in one chunk
+(on an accelerator the engine fits its group width to the device memory). Every row carries
+the device's float32 matrix-product rate measured in the same process (``ceiling_gflops``) and
+the share of it reached. Rows go to benchmarks/results/throughput.csv.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (
     STANDARD,
     append_rows,
+    ceiling_gflops,
     gd_workload,
     layer_flops_per_step,
     machine,
@@ -43,6 +48,7 @@ def one(args) -> dict:
     run = res.attrs["run_seconds"]
     rate = args.instances * args.steps / run
     flops = layer_flops_per_step(args.heads, args.dim, args.tokens, args.samples)
+    ceiling = ceiling_gflops()
     return {
         **{
             k: getattr(args, k) for k in ("heads", "dim", "tokens", "samples", "instances", "steps")
@@ -52,6 +58,9 @@ def one(args) -> dict:
         "run_s": run,
         "inst_steps_per_s": rate,
         "gflops": rate * flops / 1e9,
+        "ceiling_gflops": ceiling,
+        "pct_of_ceiling": 100 * rate * flops / 1e9 / ceiling,
+        "vector_width": res.attrs["vector_width"],
         "peak_rss_mb": peak_rss_mb(),
         "result_bytes_per_instance": sum(a.nbytes for a in res.arrays().values()) / args.instances,
         "device_kind": res.attrs["device_kind"],
@@ -84,6 +93,7 @@ def main() -> None:
         "--steps", type=int, default=None, help="GD steps (default 100; 20 with --small)"
     )
     p.add_argument("--chunk-size", type=int, default=256)
+    p.add_argument("--large", type=int, default=None, help="also B instances in one chunk")
     p.add_argument(
         "--sweep",
         type=int,
@@ -108,6 +118,8 @@ def main() -> None:
     sweep_steps = args.sweep_steps or (5 if args.small else 10)
     shape = {k: getattr(args, k) for k in SHAPE}
     rows = [spawn(**shape, instances=args.instances, steps=steps, chunk_size=args.chunk_size)]
+    if args.large:
+        rows.append(spawn(**shape, instances=args.large, steps=steps, chunk_size=args.large))
     print("standard shape, full-batch GD:")
     cols = [
         "heads",
@@ -120,6 +132,8 @@ def main() -> None:
         "run_s",
         "inst_steps_per_s",
         "gflops",
+        "pct_of_ceiling",
+        "vector_width",
         "peak_rss_mb",
     ]
     print(table(rows, cols))
@@ -148,6 +162,7 @@ def main() -> None:
     path = append_rows(
         "throughput",
         [{**info, "kind": "standard", **rows[0]}]
+        + [{**info, "kind": "large", **r} for r in rows[1:]]
         + [
             {
                 **info,
