@@ -189,7 +189,7 @@ def run_scipy(task, teachers: int, restarts: int) -> dict:
         seconds += time.perf_counter() - tic
         errors = mh.parameter_errors(mh.LayerParams(theta=theta, W=W), teacher)
         recovered += bool(max(errors.theta_error_max, errors.w_error_max) <= TOL)
-    return {"recovered": recovered, "wall_s": seconds, "steady_s": seconds}
+    return {"recovered": recovered, "wall_s": seconds, "steady_s": seconds, "compile_s": 0.0}
 
 
 def run_batched(task, learner, teachers: int, warm: bool) -> dict:
