@@ -2,6 +2,7 @@
 
     python benchmarks/compare.py                 # four shapes, every implementation
     python benchmarks/compare.py --small         # the first two shapes, fewer steps
+    python benchmarks/compare.py --shapes 3      # some of the shapes (indices)
     python benchmarks/compare.py --memory        # also: peak memory at 256 and 4096 instances
     python benchmarks/compare.py --compilation-cache /tmp/jaxcache   # persistent XLA cache
 
@@ -203,6 +204,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--small", action="store_true", help="the first two shapes, 10 steps")
+    p.add_argument("--shapes", type=int, nargs="*", default=None, help="shape indices (0–3)")
     p.add_argument("--steps", type=int, default=None, help="GD steps (default 30; 10 small)")
     p.add_argument("--memory", action="store_true", help="also peak memory at 256 vs 4096")
     p.add_argument("--compilation-cache", default=None, help="persistent XLA cache folder")
@@ -224,6 +226,8 @@ def main() -> None:
         mh.enable_compilation_cache(args.compilation_cache)
     steps = args.steps or (10 if args.small else 30)
     shapes = SHAPES[:2] if args.small else SHAPES
+    if args.shapes is not None:
+        shapes = [SHAPES[i] for i in args.shapes]
     have_torch = _torch() is not None
     if not have_torch:
         print("PyTorch not installed: torch rows skipped (pip install -e '.[bench]')")

@@ -19,10 +19,10 @@
   one device (a group of one is not vmapped at all, so the program runs plain, unbatched
   kernels). By default 1 on CPU; on an accelerator, as many as fit in half its memory
   (:func:`fitted_width`, from the compiler's memory report of a 32-wide probe) up to the
-  instances each device receives, so thousands of instances are in flight per call. Groups
-  are dispatched asynchronously, round robin over the devices, so every device has work
-  from the start. A given width is not derived from the chunk or the
-  device count, so every instance is computed by the same program and results are bitwise
+  instances each device receives in a chunk, so thousands of instances are in flight per
+  call. Groups are dispatched asynchronously, round robin over the devices, so every device
+  has work from the start. A given width is not derived from the chunk or the device
+  count, so every instance is computed by the same program and results are bitwise
   identical for every chunk size and device count (the fitted width of an accelerator
   depends on the instance count and memory: give ``vector_width`` to pin it; ``stats``
   reports the width used).
@@ -395,7 +395,8 @@ def map_instances(
     if vector_width is None and devs[0].platform != "cpu":  # fit the width to the memory
         used, memory = _program_bytes(run_group[mine[0]]), _device_memory(mine[0])
         if used is not None and memory is not None:
-            fitted = fitted_width(used / width, memory, math.ceil(instances / len(devs)))
+            per_device = math.ceil(min(instances, chunk_size or instances) / len(devs))
+            fitted = fitted_width(used / width, memory, per_device)
             if fitted != width:
                 width = fitted
                 chunk = _chunk(instances, chunk_size, len(devs) * width)
