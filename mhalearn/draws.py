@@ -5,7 +5,8 @@ of ``a·b·c`` numbers in row-major order, reshaped — but XLA:CPU compiles the
 counter it builds for the former about six times slower (≈ 1 s against 0.15 s for 36 000
 Gaussians; every draw in an instance program pays it). These functions draw flat and reshape:
 the same numbers (``tests/test_draws.py`` holds them bitwise equal to ``jax.random``'s), less
-compile time. Every random draw in the package goes through them.
+compile time. Every random draw in the package goes through them (but the minibatch choice
+of ``learners/gd.py``, a permutation).
 """
 
 from __future__ import annotations

@@ -82,7 +82,7 @@ class VarProConfig(eqx.Module):
         def next_start(carry):
             r, best = carry
             out = attempt(r)
-            better = out[2][-1] < best[2][-1]
+            better = (r == 0) | (out[2][-1] < best[2][-1])  # the first start replaces the +inf
             return r + 1, jax.tree.map(lambda new, old: jnp.where(better, new, old), out, best)
 
         # before the first start: the shapes of a result, a cost of +inf (one copy of the solver
