@@ -82,7 +82,9 @@ class VarProConfig(eqx.Module):
         def next_start(carry):
             r, best = carry
             out = attempt(r)
-            better = (r == 0) | (out[2][-1] < best[2][-1])  # the first start replaces the +inf
+            worse_nan = lambda c: jnp.where(jnp.isnan(c), jnp.inf, c)  # noqa: E731 — NaN last
+            # the first start replaces the placeholder; a later one replaces a worse (or NaN)
+            better = (r == 0) | (worse_nan(out[2][-1]) < worse_nan(best[2][-1]))
             return r + 1, jax.tree.map(lambda new, old: jnp.where(better, new, old), out, best)
 
         # before the first start: the shapes of a result, a cost of +inf (one copy of the solver

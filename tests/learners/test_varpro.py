@@ -94,3 +94,32 @@ def test_starts_run_one_after_another_until_one_fits():
     both = jax.vmap(lambda k: config.fit(k, problem))(keys)
     np.testing.assert_allclose(both.trace.loss[0], first[2], rtol=1e-5)
     assert np.all(np.asarray(both.info["starts"]) >= 1)
+
+
+def test_a_nan_start_never_beats_a_finite_one(monkeypatch):
+    # a stand-in solver whose final cost is NaN from starts with Θ[0,0,0] > 0: the finite
+    # second start must be kept, and a lone NaN first start returned as it is (not +inf)
+    task = mh.RegressionTask(teacher=mh.TeacherSpec(heads=1, dim=2, tokens=2), samples=8)
+    _, problem = task.sample(jax.random.key(0))
+
+    def start(key, r):
+        return problem.init(jax.random.fold_in(key, r)).theta
+
+    key = next(
+        k
+        for k in (jax.random.key(i) for i in range(100))
+        if start(k, 0)[0, 0, 0] > 0 and start(k, 1)[0, 0, 0] < 0
+    )
+
+    def fake(problem, theta0, config):
+        cost = jnp.where(theta0[0, 0, 0] > 0, jnp.nan, 1.0)
+        W = jnp.zeros_like(theta0)
+        return theta0, W, jnp.full(config.iterations + 1, cost), jnp.asarray(False), 3
+
+    monkeypatch.setattr(varpro, "levenberg_marquardt", fake)
+    out = varpro.VarProConfig(iterations=2, restarts=2).fit(key, problem)
+    assert float(out.trace.loss[-1]) == 1.0 and float(out.info["starts"]) == 2
+    np.testing.assert_array_equal(out.params.theta, start(key, 1))
+    lone = varpro.VarProConfig(iterations=2, restarts=1).fit(key, problem)
+    assert np.isnan(lone.trace.loss[-1])
+    np.testing.assert_array_equal(lone.params.theta, start(key, 0))
