@@ -7,9 +7,9 @@
 
 Every learner sees the same teachers and training sets (root key 0, instance i). The baseline
 is what a user without mhalearn would write: one teacher at a time, float64
-``scipy.optimize.least_squares`` (Levenberg–Marquardt) on the reduced residual of variable
-projection — the values W solved by least squares inside the residual, Kaufman's projected
-Jacobian written here in numpy — from the same starts as mhalearn's variable projection
+``scipy.optimize.least_squares`` (trust region ``trf``, LSMR subproblems) on the reduced
+residual of variable projection — the values W solved by least squares inside the residual,
+Kaufman's projected Jacobian written here in numpy — from the same starts as mhalearn's variable projection
 (restart r: ``problem.init(fold_in(fit key, r))``), the next start tried only when a start
 does not fit the data. mhalearn's learners run through ``simulate`` as a user runs them: the
 wall time of the whole call, compilation included (the first call of a shape in the
