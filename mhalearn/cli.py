@@ -403,6 +403,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             if own:
                 _exit_on_signals("finished cells are kept; run the same command to resume")
             run(command)
+            if own:  # done and saved: a signal now would only race the interpreter's exit
+                for sig in (signal.SIGINT, signal.SIGTERM):  # (which restores the default
+                    signal.signal(sig, signal.SIG_IGN)  # handlers, killing it silently)
         elif isinstance(command, List):
             list_studies(command)
         elif isinstance(command, Plot):
