@@ -5,21 +5,21 @@
     python benchmarks/recovery_speed.py --cells 0 3  # some of the cells
     python benchmarks/recovery_speed.py --memory   # peak memory at 64 and 4096 teachers
 
-Every learner sees the same teachers and training sets (root key 0, instance i). The baseline
-is what a user without mhalearn would write: one teacher at a time, float64
+Every learner sees the same teachers and training sets (root key 0, instance i). The
+baseline is what a user without mhalearn would write: one teacher at a time, float64
 ``scipy.optimize.least_squares`` (trust region ``trf``, LSMR subproblems) on the reduced
 residual of variable projection — the values W solved by least squares inside the residual,
-Kaufman's projected Jacobian written here in numpy — from the same starts as mhalearn's variable projection
-(restart r: ``problem.init(fold_in(fit key, r))``), the next start tried only when a start
-does not fit the data. mhalearn's learners run through ``simulate`` as a user runs them: the
-wall time of the whole call, compilation included (the first call of a shape in the
-process; nothing is kept from an earlier cell), the steady state apart (the same call after
-its compilation), and for variable projection the wall time of a second run of the study
-(``wall_warm_s``: the call again in a process that has forgotten its programs, which it
-reads from the persistent compilation cache of ``mh.enable_compilation_cache``, empty at
-the start of the script). A teacher is recovered when every matched Θ_i and W_i is within
-1e-3 relative error, scored the same way for every learner. Prints a table per cell and the
-ratios; appends rows to benchmarks/results/recovery_speed.csv.
+Kaufman's projected Jacobian written here in numpy — from the same starts as mhalearn's
+variable projection (restart r: ``problem.init(fold_in(fit key, r))``), the next start tried
+only when a start does not fit the data. mhalearn's learners run through ``simulate`` as a
+user runs them: the wall time of the whole call, compilation included (the first call of a
+shape in the process; nothing is kept from an earlier cell), the steady state apart (the
+same call after its compilation), and for variable projection the wall time of a second run
+of the study (``wall_warm_s``: the call again in a process that has forgotten its programs,
+which it reads from the persistent compilation cache of ``mh.enable_compilation_cache``,
+empty at the start of the script). A teacher is recovered when every matched Θ_i and W_i is
+within 1e-3 relative error, scored the same way for every learner. Prints a table per cell
+and the ratios; appends rows to benchmarks/results/recovery_speed.csv.
 
 The scipy set-up is the fastest of those we tried at the first cell (seconds per teacher,
 two starts at most): ``method="lm"`` (MINPACK) with a dense J 5.2, ``trf`` with a dense J 5.1
