@@ -21,11 +21,14 @@
   (:func:`fitted_width`, from the compiler's memory report of a 32-wide probe) up to the
   instances each device receives in a chunk, so thousands of instances are in flight per
   call. Groups are dispatched asynchronously, round robin over the devices, so every device
-  has work from the start. A given width is not derived from the chunk or the device
-  count, so every instance is computed by the same program and results are bitwise
-  identical for every chunk size and device count (the fitted width of an accelerator
-  depends on the instance count and memory: give ``vector_width`` to pin it; ``stats``
-  reports the width used).
+  has work from the start — except vmapped groups on several CPU devices, which run one at a
+  time, with a warning (side by side they can hang in XLA:CPU; :func:`_serial_cpu`). So the
+  CPU default is width 1 on every core; a wider group on one CPU device runs the tiniest
+  problems faster (``benchmarks/compare.py --width``). A given width is not derived from the
+  chunk or the device count, so every instance is computed by the same program and results
+  are bitwise identical for every chunk size and device count (the fitted width of an
+  accelerator depends on the instance count and memory: give ``vector_width`` to pin it;
+  ``stats`` reports the width used).
 - **Compiler options.** Instance programs are compiled with :func:`compiler_options` (on CPU:
   matrix products through the YNNPACK library) unless ``options`` says otherwise.
 - **Compiled once per process.** A compiled program is kept (the last 32) and reused by any
@@ -391,6 +394,14 @@ def map_instances(
         return compiled
 
     options = compiler_options(devs) if options is None else options
+    if _serial_cpu(mine, width):
+        warnings.warn(
+            f"vector_width={width} on {len(mine)} CPU devices: the groups run one at a time "
+            "(vmapped groups running at once on several CPU devices can hang in XLA:CPU); "
+            "use one CPU device, or vector_width=1 to run the devices side by side",
+            RuntimeWarning,
+            stacklevel=2,
+        )
     run_group = compile_all(width)
     if vector_width is None and devs[0].platform != "cpu":  # fit the width to the memory
         used, memory = _program_bytes(run_group[mine[0]]), _device_memory(mine[0])
@@ -419,11 +430,13 @@ def map_instances(
 
 def _run_chunk(run_group, group_args, devs, mine, start, chunk, width, instances, report):
     """One chunk of instances: its groups dispatched asynchronously, round robin over the
-    devices so that every device has work from the start; the results on the host."""
+    devices so that every device has work from the start (one at a time in the case of
+    :func:`_serial_cpu`); the results on the host."""
     block = chunk // len(devs)
     mesh = Mesh(np.array(devs), (AXIS,))
     split = NamedSharding(mesh, PartitionSpec(AXIS))
     rows = np.minimum(np.arange(start, start + chunk), instances - 1)  # pad with the last
+    serial = _serial_cpu(mine, width)
     groups = {d: [] for d in mine}
     dispatched = []  # (group, its first row) in dispatch order
     for g in range(0, block, width):
@@ -431,6 +444,8 @@ def _run_chunk(run_group, group_args, devs, mine, start, chunk, width, instances
             lo = devs.index(d) * block + g
             groups[d].append(run_group[d](*group_args(rows[lo : lo + width], d)))  # async
             dispatched.append((groups[d][-1], start + lo))
+            if serial:
+                jax.block_until_ready(groups[d][-1])
     if report is not None:  # groups finish roughly in dispatch order: wait for each
         for group, row in dispatched:
             jax.block_until_ready(group)
@@ -444,6 +459,17 @@ def _run_chunk(run_group, group_args, devs, mine, start, chunk, width, instances
     )
     valid = min(chunk, instances - start)
     return jax.tree.map(lambda a: _host(a)[:valid], out)
+
+
+def _serial_cpu(devices: Sequence[jax.Device], width: int) -> bool:
+    """Whether groups must run one at a time: vmapped groups (width > 1) on several CPU
+    devices. Two such programs running at once on two CPU devices of one process can hang for
+    good — every thread idle, the host waiting on a result that never comes — whether they are
+    dispatched asynchronously or from one host thread per device (seen with the variable-
+    projection learner at dim 8, 32 samples, width 2, and full-batch GD at heads 4, dim 64,
+    tokens 16, width 2; jax 0.10.2; a relative of jax-ml/jax#25861). Unbatched groups
+    (width 1) have not been seen to."""
+    return width > 1 and len(devices) > 1 and devices[0].platform == "cpu"
 
 
 def _stack_groups(groups: list[PyTree], device: jax.Device) -> PyTree:

@@ -85,26 +85,55 @@ def run_worker(out, *args, env_extra=None):
     )
 
 
-def finish(proc):
+def finish(proc) -> str:
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, out
+    return out
 
 
-def test_one_versus_four_cpu_devices(tmp_path):
+@pytest.mark.parametrize("width", [1, 4])
+def test_one_versus_four_cpu_devices(tmp_path, width):
     four = run_worker(
         tmp_path / "four.npz",
         "--devices",
         "1",
         "4",
+        "--width",
+        str(width),
         env_extra={"XLA_FLAGS": "--xla_force_host_platform_device_count=4"},
     )
-    finish(four)
+    said = finish(four)
+    assert ("run one at a time" in said) == (width > 1)  # vmapped groups: devices in turn
     saved = np.load(tmp_path / "four.npz")
     assert int(saved["device_count"]) == 4
-    here = flatten(small_simulation())  # this process: one CPU device
+    here = flatten(small_simulation(vector_width=width))  # this process: one CPU device
     for name, value in here.items():
         np.testing.assert_array_equal(saved[f"1/{name}"], saved[f"4/{name}"], err_msg=name)
         np.testing.assert_array_equal(saved[f"4/{name}"], value, err_msg=name)
+
+
+HUNG_BEFORE = """
+import jax, numpy as np, mhalearn as mh
+mh.set_precision("float64")
+mh.split_cpu(2)
+task = mh.RegressionTask(teacher=mh.TeacherSpec(heads=2, dim=8, tokens=4), samples=32)
+res = mh.simulate(jax.random.key(0), task, mh.VarProConfig(), 4, vector_width=2)
+print("finished", np.isfinite(res.metrics["success"]).all())
+"""
+
+
+def test_vmapped_groups_on_two_cpu_devices_finish():
+    """Run side by side, these groups hung for good (every thread idle); in turn they finish."""
+    proc = subprocess.run(
+        [sys.executable, "-c", HUNG_BEFORE],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "finished True" in proc.stdout
+    assert "run one at a time" in proc.stderr
 
 
 def free_port() -> int:

@@ -1,6 +1,7 @@
 """Run a small simulation and save its results; used by the engine tests in subprocesses.
 
-python -m tests.engine.worker OUT.npz [--devices N] [--chunk N] [--process I --processes P --port Q]
+python -m tests.engine.worker OUT.npz [--devices N] [--chunk N] [--width W]
+    [--process I --processes P --port Q]
 """
 
 import argparse
@@ -45,6 +46,7 @@ def main():
     parser.add_argument("out")
     parser.add_argument("--devices", type=int, nargs="*", default=[0])
     parser.add_argument("--chunk", type=int, default=None)
+    parser.add_argument("--width", type=int, default=None)
     parser.add_argument("--process", type=int, default=None)
     parser.add_argument("--processes", type=int, default=1)
     parser.add_argument("--port", type=int, default=0)
@@ -57,7 +59,8 @@ def main():
         )
     saved = {}
     for n in args.devices:
-        res = flatten(small_simulation(devices=n or None, chunk_size=args.chunk))
+        res = small_simulation(devices=n or None, chunk_size=args.chunk, vector_width=args.width)
+        res = flatten(res)
         saved.update({f"{n}/{k}": v for k, v in res.items()})
     saved["device_count"] = np.array(jax.device_count())
     if args.process in (None, 0):
