@@ -5,6 +5,7 @@
     python benchmarks/compare.py --shapes 3      # some of the shapes (indices)
     python benchmarks/compare.py --memory        # also: peak memory at 256 and 4096 instances
     python benchmarks/compare.py --compilation-cache /tmp/jaxcache   # persistent XLA cache
+    python benchmarks/compare.py --cpu-devices 1 --width 8           # 8-wide vmapped groups
 
 The workload: B students fitted by full-batch GD (float32, fixed step size) to B random
 Chen–Li teachers, at the standard shape (heads 4, dim 16, tokens 8, samples 512, B 256) and at
@@ -80,11 +81,22 @@ def problems(shape: dict) -> tuple[np.ndarray, ...]:
 
 
 def run_mhalearn(
-    shape: dict, steps: int, data, devices: int | None = None, options: dict | None = None
+    shape: dict,
+    steps: int,
+    data,
+    devices: int | None = None,
+    options: dict | None = None,
+    width: int | None = None,
 ):
     task, learner = gd_workload(**{k: shape[k] for k in STANDARD}, steps=steps)
     res = mh.simulate(
-        jax.random.key(0), task, learner, shape["instances"], devices=devices, options=options
+        jax.random.key(0),
+        task,
+        learner,
+        shape["instances"],
+        devices=devices,
+        options=options,
+        vector_width=width,
     )
     return res.attrs["compile_seconds"], res.attrs["run_seconds"]
 
@@ -215,6 +227,13 @@ def main() -> None:
         help="compile the engine with XLA's default options (to measure what they bring)",
     )
     p.add_argument(
+        "--width",
+        type=int,
+        default=None,
+        help="the engine's vector width (default: its own, 1 on CPU); vmapped groups on "
+        "several CPU devices run one at a time, so pair a width > 1 with --cpu-devices 1",
+    )
+    p.add_argument(
         "--cpu-devices",
         type=int,
         default=os.cpu_count() or 1,
@@ -236,7 +255,7 @@ def main() -> None:
     print(f"ceiling: {ceiling:.0f} GFLOP/s (float32 matmul 2048², jax {jax.__version__})")
     print(f"devices: {devices} × {jax.devices()[0].device_kind} (CPU split {cpu_devices})")
     options = {} if args.xla_defaults else None  # {}: XLA's defaults; None: the engine's
-    engine = functools.partial(run_mhalearn, options=options)
+    engine = functools.partial(run_mhalearn, options=options, width=args.width)
     runs = [
         (impl, engine if impl == "mhalearn" else IMPLS[impl], devices if impl == "mhalearn" else 1)
         for impl in args.impls
@@ -293,6 +312,7 @@ def main() -> None:
         "jax": jax.__version__,
         "device_kind": jax.devices()[0].device_kind,
         "engine_options": "xla defaults" if args.xla_defaults else "engine defaults",
+        "vector_width": args.width or "default",
     }
     path = append_rows("compare", [{**r, **context} for r in rows])
     print(f"\nrows appended to {path}")
