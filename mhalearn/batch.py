@@ -466,8 +466,8 @@ def _serial_cpu(devices: Sequence[jax.Device], width: int) -> bool:
     devices. Two such programs running at once on two CPU devices of one process can hang for
     good — every thread idle, the host waiting on a result that never comes — whether they are
     dispatched asynchronously or from one host thread per device (seen with the variable-
-    projection learner at dim 8, 32 samples, width 2, and full-batch GD at heads 4, dim 64,
-    tokens 16, width 2; jax 0.10.2; a relative of jax-ml/jax#25861). Unbatched groups
+    projection learner at dim 8, 32 samples, width 2, and very likely full-batch GD at heads
+    4, dim 64, tokens 16, width 2; jax 0.10.2; a relative of jax-ml/jax#25861). Unbatched groups
     (width 1) have not been seen to."""
     return width > 1 and len(devices) > 1 and devices[0].platform == "cpu"
 
