@@ -463,12 +463,15 @@ def _run_chunk(run_group, group_args, devs, mine, start, chunk, width, instances
 
 def _serial_cpu(devices: Sequence[jax.Device], width: int) -> bool:
     """Whether groups must run one at a time: vmapped groups (width > 1) on several CPU
-    devices. Two such programs running at once on two CPU devices of one process can hang for
-    good — every thread idle, the host waiting on a result that never comes — whether they are
-    dispatched asynchronously or from one host thread per device (seen with the variable-
-    projection learner at dim 8, 32 samples, width 2, and very likely full-batch GD at heads
-    4, dim 64, tokens 16, width 2; jax 0.10.2; a relative of jax-ml/jax#25861). Unbatched groups
-    (width 1) have not been seen to."""
+    devices. jaxlib's LAPACK kernels split a *batched* call (here the triangular solves of a
+    vmapped Cholesky solve) over XLA:CPU's intra-op thread pool and wait for the pieces from
+    a thread of that same pool; two such programs running at once on two CPU devices of a
+    two-core machine hold both pool threads while waiting, so no piece ever runs and the host
+    waits for good (seen in gdb: both pool threads in ``lapack_dtrsm_ffi`` →
+    ``ParallelBatchMap`` → ``BlockingCounter::Wait``; variable projection at dim 8, 32
+    samples, width 2, jax 0.10.2; full-batch GD at heads 4, dim 64, tokens 16, width 2 did
+    not finish either). Unbatched groups (width 1) make unbatched LAPACK calls, which do not
+    split, and have never hung."""
     return width > 1 and len(devices) > 1 and devices[0].platform == "cpu"
 
 
