@@ -5,7 +5,7 @@
     python benchmarks/compare.py --shapes 3      # some of the shapes (indices)
     python benchmarks/compare.py --memory        # also: peak memory at 256 and 4096 instances
     python benchmarks/compare.py --compilation-cache /tmp/jaxcache   # persistent XLA cache
-    python benchmarks/compare.py --cpu-devices 1 --width 8           # 8-wide vmapped groups
+    python benchmarks/compare.py --width 1       # one instance per call (CPU default: 16 at 64+)
 
 The workload: B students fitted by full-batch GD (float32, fixed step size) to B random
 Chen–Li teachers, at the standard shape (heads 4, dim 16, tokens 8, samples 512, B 256) and at
@@ -230,8 +230,8 @@ def main() -> None:
         "--width",
         type=int,
         default=None,
-        help="the engine's vector width (default: its own, 1 on CPU); vmapped groups on "
-        "several CPU devices run one at a time, so pair a width > 1 with --cpu-devices 1",
+        help="the engine's vector width (default: its own; on CPU a group is a loop, its "
+        "width changes no result, only the number of calls)",
     )
     p.add_argument(
         "--cpu-devices",

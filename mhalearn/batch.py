@@ -15,20 +15,22 @@
   ``jax.distributed.initialize`` the mesh spans every process's devices and each process
   receives the full results. On a CPU split into one device per core (:func:`split_cpu`)
   the cores run instance programs side by side.
-- **Vector width.** The compiled unit is a group of ``vector_width`` instances, vmapped, on
-  one device (a group of one is not vmapped at all, so the program runs plain, unbatched
-  kernels). By default 1 on CPU; on an accelerator, as many as fit in half its memory
-  (:func:`fitted_width`, from the compiler's memory report of a 32-wide probe) up to the
-  instances each device receives in a chunk, so thousands of instances are in flight per
-  call. Groups are dispatched asynchronously, round robin over the devices, so every device
-  has work from the start — except vmapped groups on several CPU devices, which run one at a
-  time, with a warning (side by side they can hang in XLA:CPU; :func:`_serial_cpu`). So the
-  CPU default is width 1 on every core; a wider group on one CPU device runs the tiniest
-  problems faster (``benchmarks/compare.py --width``). A given width is not derived from the
-  chunk or the device count, so every instance is computed by the same program and results
-  are bitwise identical for every chunk size and device count (the fitted width of an
-  accelerator depends on the instance count and memory: give ``vector_width`` to pin it;
-  ``stats`` reports the width used).
+- **Vector width.** The compiled unit is a group of ``vector_width`` instances on one
+  device. On CPU the group is a loop: its instances run one after another through the plain,
+  unbatched program, so a result is the same bit for bit at every width, and a width only
+  saves calls — :data:`CPU_GROUP` instances per call by default once each device receives
+  at least four such groups, else 1. (Vmapped groups on several CPU devices could hang for
+  good: jaxlib's LAPACK kernels split a batched call, such as the triangular solves of a
+  vmapped Cholesky solve, over XLA:CPU's intra-op thread pool and wait for the pieces from a
+  thread of that pool, and two such programs on two devices of a two-core machine held both
+  threads — seen with variable projection at width 2, jax 0.10.2.) On an accelerator the
+  group is vmapped, as wide as fits in half its memory (:func:`fitted_width`, from the
+  compiler's memory report of a 32-wide probe) up to the instances each device receives in
+  a chunk, so thousands of instances are in flight per call. Groups are dispatched
+  asynchronously, round robin over the devices, so every device has work from the start.
+  Results are bitwise identical for every chunk size and device count: on CPU at any width;
+  on an accelerator for a given width (its fitted width depends on the instance count and
+  memory: give ``vector_width`` to pin it; ``stats`` reports the width used).
 - **Compiler options.** Instance programs are compiled with :func:`compiler_options` (on CPU:
   matrix products through the YNNPACK library) unless ``options`` says otherwise.
 - **Compiled once per process.** A compiled program is kept (the last 32) and reused by any
@@ -110,13 +112,19 @@ def enable_compilation_cache(folder: str) -> None:
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
-def default_vector_width(devices: Sequence[jax.Device]) -> int:
-    """1 on CPU (per-instance work is large enough for the cores, and caches stay warm). On
-    accelerators the width is fitted to the device's memory and the problem
-    (:func:`fitted_width`); this is the probe width it is measured at."""
-    return 1 if devices[0].platform == "cpu" else _PROBE_WIDTH
+def default_vector_width(devices: Sequence[jax.Device], per_device: int = 1) -> int:
+    """On CPU, where a group is a loop (:func:`_group_program`) and its width never changes a
+    result: :data:`CPU_GROUP` instances per call once every device receives at least four
+    such groups (``per_device`` instances), else 1 — fewer calls for many tiny problems, and
+    little padding for few large ones. On accelerators the width is fitted to the device's
+    memory and the problem (:func:`fitted_width`); this is the probe width it is measured at."""
+    if devices[0].platform == "cpu":
+        return CPU_GROUP if per_device >= 4 * CPU_GROUP else 1
+    return _PROBE_WIDTH
 
 
+#: instances one compiled call carries, one after another, on a CPU device with many of them
+CPU_GROUP = 16
 _PROBE_WIDTH = 32
 #: the share of an accelerator's memory one group program may fill
 MEMORY_SHARE = 0.5
@@ -306,8 +314,13 @@ def _chunk(instances: int, chunk_size: int | None, unit: int) -> int:
     return math.ceil(chunk / unit) * unit
 
 
-def _group_program(fn: Callable, shared_static: PyTree, rebuild_key: Callable, width: int):
-    """The compiled unit: ``fn`` on one group of ``width`` instances, on one device."""
+def _group_program(
+    fn: Callable, shared_static: PyTree, rebuild_key: Callable, width: int, looped: bool
+):
+    """The compiled unit: ``fn`` on one group of ``width`` instances, on one device — vmapped,
+    or, ``looped``, one instance after another in a loop of the unbatched program (the CPU's
+    way: its numbers are those of width 1, bit for bit, and no batched LAPACK call is made;
+    see :func:`map_instances`)."""
 
     def instance_group(ids, per, shared_dyn, key_data):
         root = rebuild_key(key_data)
@@ -319,6 +332,8 @@ def _group_program(fn: Callable, shared_static: PyTree, rebuild_key: Callable, w
         if width == 1:  # no batch axis of size 1 through the program: plain kernels
             out = one(ids[0], jax.tree.map(lambda a: a[0], per))
             return jax.tree.map(lambda a: jnp.expand_dims(a, 0), out)
+        if looped:
+            return jax.lax.map(lambda row: one(*row), (ids, per))
         return jax.vmap(one)(ids, per)
 
     return instance_group
@@ -359,7 +374,9 @@ def map_instances(
     """
     instances = positive_int("instances", instances)
     devs = select_devices(devices)
-    width = positive_int("vector_width", vector_width or default_vector_width(devs))
+    per_device = math.ceil(min(instances, chunk_size or instances) / len(devs))
+    width = positive_int("vector_width", vector_width or default_vector_width(devs, per_device))
+    looped = devs[0].platform == "cpu"
     chunk = _chunk(instances, chunk_size, len(devs) * width)
     key_ids = _checked_key_ids(key_ids, instances)
     per_instance = _checked_per_instance(per_instance, instances)
@@ -384,7 +401,7 @@ def map_instances(
         report("compiling", 0, instances)
 
     def compile_all(width):
-        program = _group_program(fn, shared_static, rebuild_key, width)
+        program = _group_program(fn, shared_static, rebuild_key, width, looped)
         first = np.zeros(width, dtype=np.int64)  # rows of the first group, to compile
         compiled = {}
         for d in mine:
@@ -394,19 +411,10 @@ def map_instances(
         return compiled
 
     options = compiler_options(devs) if options is None else options
-    if _serial_cpu(mine, width):
-        warnings.warn(
-            f"vector_width={width} on {len(mine)} CPU devices: the groups run one at a time "
-            "(vmapped groups running at once on several CPU devices can hang in XLA:CPU); "
-            "use one CPU device, or vector_width=1 to run the devices side by side",
-            RuntimeWarning,
-            stacklevel=2,
-        )
     run_group = compile_all(width)
     if vector_width is None and devs[0].platform != "cpu":  # fit the width to the memory
         used, memory = _program_bytes(run_group[mine[0]]), _device_memory(mine[0])
         if used is not None and memory is not None:
-            per_device = math.ceil(min(instances, chunk_size or instances) / len(devs))
             fitted = fitted_width(used / width, memory, per_device)
             if fitted != width:
                 width = fitted
@@ -430,13 +438,11 @@ def map_instances(
 
 def _run_chunk(run_group, group_args, devs, mine, start, chunk, width, instances, report):
     """One chunk of instances: its groups dispatched asynchronously, round robin over the
-    devices so that every device has work from the start (one at a time in the case of
-    :func:`_serial_cpu`); the results on the host."""
+    devices so that every device has work from the start; the results on the host."""
     block = chunk // len(devs)
     mesh = Mesh(np.array(devs), (AXIS,))
     split = NamedSharding(mesh, PartitionSpec(AXIS))
     rows = np.minimum(np.arange(start, start + chunk), instances - 1)  # pad with the last
-    serial = _serial_cpu(mine, width)
     groups = {d: [] for d in mine}
     dispatched = []  # (group, its first row) in dispatch order
     for g in range(0, block, width):
@@ -444,8 +450,6 @@ def _run_chunk(run_group, group_args, devs, mine, start, chunk, width, instances
             lo = devs.index(d) * block + g
             groups[d].append(run_group[d](*group_args(rows[lo : lo + width], d)))  # async
             dispatched.append((groups[d][-1], start + lo))
-            if serial:
-                jax.block_until_ready(groups[d][-1])
     if report is not None:  # groups finish roughly in dispatch order: wait for each
         for group, row in dispatched:
             jax.block_until_ready(group)
@@ -459,20 +463,6 @@ def _run_chunk(run_group, group_args, devs, mine, start, chunk, width, instances
     )
     valid = min(chunk, instances - start)
     return jax.tree.map(lambda a: _host(a)[:valid], out)
-
-
-def _serial_cpu(devices: Sequence[jax.Device], width: int) -> bool:
-    """Whether groups must run one at a time: vmapped groups (width > 1) on several CPU
-    devices. jaxlib's LAPACK kernels split a *batched* call (here the triangular solves of a
-    vmapped Cholesky solve) over XLA:CPU's intra-op thread pool and wait for the pieces from
-    a thread of that same pool; two such programs running at once on two CPU devices of a
-    two-core machine hold both pool threads while waiting, so no piece ever runs and the host
-    waits for good (seen in gdb: both pool threads in ``lapack_dtrsm_ffi`` →
-    ``ParallelBatchMap`` → ``BlockingCounter::Wait``; variable projection at dim 8, 32
-    samples, width 2, jax 0.10.2; full-batch GD at heads 4, dim 64, tokens 16, width 2 did
-    not finish either). Unbatched groups (width 1) make unbatched LAPACK calls, which do not
-    split, and have never hung."""
-    return width > 1 and len(devices) > 1 and devices[0].platform == "cpu"
 
 
 def _stack_groups(groups: list[PyTree], device: jax.Device) -> PyTree:
