@@ -314,6 +314,11 @@ def _chunk(instances: int, chunk_size: int | None, unit: int) -> int:
     return math.ceil(chunk / unit) * unit
 
 
+def _looped(devices: Sequence[jax.Device]) -> bool:
+    """Whether a group is a loop (CPU) rather than a vmap (accelerators)."""
+    return devices[0].platform == "cpu"
+
+
 def _group_program(
     fn: Callable, shared_static: PyTree, rebuild_key: Callable, width: int, looped: bool
 ):
@@ -376,7 +381,7 @@ def map_instances(
     devs = select_devices(devices)
     per_device = math.ceil(min(instances, chunk_size or instances) / len(devs))
     width = positive_int("vector_width", vector_width or default_vector_width(devs, per_device))
-    looped = devs[0].platform == "cpu"
+    looped = _looped(devs)
     chunk = _chunk(instances, chunk_size, len(devs) * width)
     key_ids = _checked_key_ids(key_ids, instances)
     per_instance = _checked_per_instance(per_instance, instances)
@@ -406,7 +411,7 @@ def map_instances(
         compiled = {}
         for d in mine:
             args = group_args(first, d)
-            key = _program_key(fn, shared_static, key_kind, width, args, options, d)
+            key = _program_key(fn, shared_static, key_kind, (width, looped), args, options, d)
             compiled[d] = _cached_compile(key, program, args, options)
         return compiled
 

@@ -81,6 +81,15 @@ def test_cpu_groups_are_loops_whose_width_changes_no_bit():
             np.testing.assert_array_equal(other[name], value, err_msg=name)
 
 
+def test_vmapped_groups_the_accelerators_run_are_bitwise_across_chunk_sizes(monkeypatch):
+    """The accelerators' path (a vmapped group), run here on the one CPU device."""
+    monkeypatch.setattr(mh.batch, "_looped", lambda devices: False)
+    runs = [flatten(small_simulation(chunk_size=c, vector_width=4)) for c in (1, 5, None)]
+    for other in runs[1:]:
+        for name, value in runs[0].items():
+            np.testing.assert_array_equal(other[name], value, err_msg=name)
+
+
 def test_default_cpu_width_groups_only_many_instances():
     cpu = jax.devices("cpu")
     assert mh.batch.default_vector_width(cpu, 4 * mh.batch.CPU_GROUP) == mh.batch.CPU_GROUP
