@@ -417,7 +417,7 @@ def map_instances(
 
     options = compiler_options(devs) if options is None else options
     run_group = compile_all(width)
-    if vector_width is None and devs[0].platform != "cpu":  # fit the width to the memory
+    if vector_width is None and not looped:  # a vmapped group: fit its width to the memory
         used, memory = _program_bytes(run_group[mine[0]]), _device_memory(mine[0])
         if used is not None and memory is not None:
             fitted = fitted_width(used / width, memory, per_device)

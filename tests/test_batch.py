@@ -65,29 +65,30 @@ def test_per_instance_and_shared_arguments():
     np.testing.assert_array_equal(out["shape"], 3)
 
 
-@pytest.mark.parametrize("width", [1, 4])
-def test_results_identical_for_every_chunk_size(width):
-    runs = [flatten(small_simulation(chunk_size=c, vector_width=width)) for c in (1, 3, None)]
+def assert_all_equal(runs: list[dict]) -> None:
+    """Every run's arrays equal the first run's, bit for bit."""
     for other in runs[1:]:
         for name, value in runs[0].items():
             np.testing.assert_array_equal(other[name], value, err_msg=name)
+
+
+@pytest.mark.parametrize("width", [1, 4])
+def test_results_identical_for_every_chunk_size(width):
+    runs = [flatten(small_simulation(chunk_size=c, vector_width=width)) for c in (1, 3, None)]
+    assert_all_equal(runs)
 
 
 def test_cpu_groups_are_loops_whose_width_changes_no_bit():
     """On CPU a group runs its instances one after another through the unbatched program."""
     runs = [flatten(small_simulation(vector_width=w)) for w in (1, 3, 12)]
-    for other in runs[1:]:
-        for name, value in runs[0].items():
-            np.testing.assert_array_equal(other[name], value, err_msg=name)
+    assert_all_equal(runs)
 
 
 def test_vmapped_groups_the_accelerators_run_are_bitwise_across_chunk_sizes(monkeypatch):
     """The accelerators' path (a vmapped group), run here on the one CPU device."""
     monkeypatch.setattr(mh.batch, "_looped", lambda devices: False)
     runs = [flatten(small_simulation(chunk_size=c, vector_width=4)) for c in (1, 5, None)]
-    for other in runs[1:]:
-        for name, value in runs[0].items():
-            np.testing.assert_array_equal(other[name], value, err_msg=name)
+    assert_all_equal(runs)
 
 
 def test_default_cpu_width_groups_only_many_instances():
@@ -111,10 +112,9 @@ def run_worker(out, *args, env_extra=None):
     )
 
 
-def finish(proc) -> str:
+def finish(proc):
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, out
-    return out
 
 
 @pytest.mark.parametrize("width", [1, 4])

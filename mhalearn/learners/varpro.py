@@ -31,6 +31,11 @@ from mhalearn.problems import RegressionProblem
 from mhalearn.solvers import ridge_solve
 
 
+def _nan_last(cost: Float[Array, ""]) -> Float[Array, ""]:
+    """A cost to rank starts by: NaN ranks after every number."""
+    return jnp.where(jnp.isnan(cost), jnp.inf, cost)
+
+
 class VarProConfig(eqx.Module):
     """``iterations`` LM iterations (the trace has one entry per iteration) from each of up to
     ``restarts`` random starts, one after another; a start stops early once its reduced cost
@@ -82,9 +87,8 @@ class VarProConfig(eqx.Module):
         def next_start(carry):
             r, best = carry
             out = attempt(r)
-            worse_nan = lambda c: jnp.where(jnp.isnan(c), jnp.inf, c)  # noqa: E731 — NaN last
             # the first start replaces the placeholder; a later one replaces a worse (or NaN)
-            better = (r == 0) | (worse_nan(out[2][-1]) < worse_nan(best[2][-1]))
+            better = (r == 0) | (_nan_last(out[2][-1]) < _nan_last(best[2][-1]))
             return r + 1, jax.tree.map(lambda new, old: jnp.where(better, new, old), out, best)
 
         # before the first start: the shapes of a result, a cost of +inf (one copy of the solver
