@@ -1,0 +1,84 @@
+"""Where the time of a tiny problem goes: the fused GD kernel alone, vs samples and vmap width.
+
+    python benchmarks/kernel_scaling.py
+
+One CPU device, float32, heads 2, dim 8, tokens 4 (the recovery studies' shape): 300 steps of
+full-batch GD through ``mhalearn.layer.squared_loss_and_grad`` in one ``fori_loop``, compiled
+with the engine's options. Prints µs per step at 32 … 1024 samples (a fixed per-call cost
+would show as an intercept; a compute-bound kernel is linear in the samples) and µs per
+instance-step for groups of 1 … 16 instances vmapped at 256 samples (whether carrying
+instances together pays). Best of 5 runs; appends rows to benchmarks/results/kernel_scaling.csv.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import LR, append_rows, layer_flops_per_step, machine
+
+from mhalearn.batch import compiler_options
+from mhalearn.layer import squared_loss_and_grad
+
+HEADS, DIM, TOKENS, STEPS = 2, 8, 4, 300
+
+
+def fit(theta, W, X, Y):
+    def step(_, params):
+        _, grads = squared_loss_and_grad(X, Y, *params)
+        return jax.tree.map(lambda p, g: p - LR * g, params, grads)
+
+    return jax.lax.fori_loop(0, STEPS, step, (theta, W))
+
+
+def seconds_per_step(samples: int, width: int) -> float:
+    rng = np.random.default_rng(0)
+    X = rng.choice([-1.0, 1.0], (width, samples, TOKENS, DIM)).astype(np.float32)
+    Y = rng.normal(size=(width, samples, TOKENS, DIM)).astype(np.float32)
+    theta = (rng.normal(size=(width, HEADS, DIM, DIM)) / DIM).astype(np.float32)
+    W = (rng.normal(size=(width, HEADS, DIM, DIM)) / np.sqrt(DIM)).astype(np.float32)
+    args = (theta, W, X, Y)
+    if width == 1:
+        args = tuple(a[0] for a in args)
+    program = fit if width == 1 else jax.vmap(fit)
+    compiled = jax.jit(program).lower(*args).compile(compiler_options(jax.devices()))
+    jax.block_until_ready(compiled(*args))
+    best = np.inf
+    for _ in range(5):
+        tic = time.perf_counter()
+        jax.block_until_ready(compiled(*args))
+        best = min(best, time.perf_counter() - tic)
+    return best / STEPS
+
+
+def main() -> None:
+    rows = []
+    print(f"heads {HEADS}, dim {DIM}, tokens {TOKENS}, float32, one CPU device, {STEPS} steps")
+    for samples in (32, 64, 128, 256, 512, 1024):
+        s = seconds_per_step(samples, 1)
+        gflops = layer_flops_per_step(HEADS, DIM, TOKENS, samples) / s / 1e9
+        rows.append({"samples": samples, "width": 1, "us_per_inst_step": 1e6 * s,
+                     "gflops": gflops})  # fmt: skip
+        print(f"  samples {samples:5d}: {1e6 * s:7.1f} µs per step, {gflops:5.1f} GFLOP/s")
+    slope, intercept = np.polyfit(
+        [r["samples"] for r in rows], [r["us_per_inst_step"] for r in rows], 1
+    )
+    print(f"  fit: {slope:.3f} µs per sample + {intercept:.1f} µs per step")
+    for width in (2, 4, 8, 16):
+        s = seconds_per_step(256, width) / width
+        gflops = layer_flops_per_step(HEADS, DIM, TOKENS, 256) / s / 1e9
+        rows.append({"samples": 256, "width": width, "us_per_inst_step": 1e6 * s,
+                     "gflops": gflops})  # fmt: skip
+        print(f"  256 samples, {width:2d} vmapped: {1e6 * s:7.1f} µs per instance-step")
+    context = {**machine(), "jax": jax.__version__, "heads": HEADS, "dim": DIM, "tokens": TOKENS}
+    path = append_rows("kernel_scaling", [{**r, **context} for r in rows])
+    print(f"rows appended to {path}")
+
+
+if __name__ == "__main__":
+    main()
