@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from mhalearn.stats import wilson
+
 LABELS = {
     "samples": "training samples N",
     "heads": "heads (m, H)",
@@ -75,21 +77,6 @@ def band(ax, da, x: str, label: str | None = None, shift: float = 1.0, **kw: Any
     ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.2, linewidth=0)
 
 
-def wilson(successes: np.ndarray, trials: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Wilson 95% intervals (lower, upper) of success shares (NaN where there is no trial)."""
-    from scipy import stats
-
-    lower = np.full(np.shape(trials), np.nan)
-    upper = np.full(np.shape(trials), np.nan)
-    for idx in np.ndindex(np.shape(trials)):
-        if trials[idx] > 0:
-            ci = stats.binomtest(int(successes[idx]), int(trials[idx])).proportion_ci(
-                confidence_level=0.95, method="wilson"
-            )
-            lower[idx], upper[idx] = ci.low, ci.high
-    return lower, upper
-
-
 def rate(ax, da, x: str, label: str | None = None, shift: float = 1.0, **kw: Any) -> None:
     """The share of instances where the 0/1 ``da`` is 1, vs ``x`` (times ``shift``), with
     Wilson 95% intervals as bars (missing instances are not counted)."""
@@ -102,6 +89,23 @@ def rate(ax, da, x: str, label: str | None = None, shift: float = 1.0, **kw: Any
     xs = np.asarray(da[x].values, dtype=float) * shift
     kw.setdefault("marker", "o")
     ax.errorbar(xs, share, yerr=[share - lo, hi - share], label=label, capsize=3, **kw)
+
+
+def heatmap(ax, values: np.ndarray, x: Sequence[float], y: Sequence[float], **kw: Any):
+    """``values`` (len(y), len(x)) as coloured cells on a log x axis (cell edges at the
+    geometric midpoints of ``x``) and a categorical y axis; returns the mesh (for a
+    colorbar). NaN cells stay blank."""
+    x = np.asarray(x, dtype=float)
+    if len(x) > 1:
+        mids = np.sqrt(x[1:] * x[:-1])
+        edges = np.concatenate([[x[0] ** 2 / mids[0]], mids, [x[-1] ** 2 / mids[-1]]])
+    else:
+        edges = np.array([x[0] / 1.4, x[0] * 1.4])
+    rows = np.arange(len(y) + 1) - 0.5
+    mesh = ax.pcolormesh(edges, rows, np.asarray(values, float), shading="flat", **kw)
+    ax.set_xscale("log")
+    ax.set_yticks(np.arange(len(y)), [f"{v:g}" for v in y])
+    return mesh
 
 
 def median(da) -> np.ndarray:

@@ -43,18 +43,6 @@ def test_sample_axes_show_the_values_and_curves_are_told_apart(tiny_results):
     assert len(set(xs)) == len(xs)  # shifted: coinciding curves stay visible
 
 
-def test_wilson_intervals_match_the_closed_form():
-    k, n = np.array([0, 3, 10]), np.array([10, 10, 10])
-    lo, hi = plots.wilson(k, n)
-    z = 1.959963984540054
-    p = k / n
-    centre = (p + z**2 / (2 * n)) / (1 + z**2 / n)
-    half = z / (1 + z**2 / n) * np.sqrt(p * (1 - p) / n + z**2 / (4 * n**2))
-    np.testing.assert_allclose(lo, centre - half, atol=1e-12)
-    np.testing.assert_allclose(hi, centre + half, atol=1e-12)
-    assert np.isnan(plots.wilson(np.array([0]), np.array([0]))[0]).all()
-
-
 def test_unknown_results_are_refused(tiny_results):
     ds = load(tiny_results["margin"][1])
     ds.attrs["study"] = "nonsense"

@@ -1,0 +1,112 @@
+"""Intervals and thresholds (mhalearn.stats) against closed forms and slow references."""
+
+import numpy as np
+import pytest
+import scipy.optimize
+
+from mhalearn import stats
+
+
+def test_wilson_intervals_match_the_closed_form():
+    k, n = np.array([0, 3, 10]), np.array([10, 10, 10])
+    lo, hi = stats.wilson(k, n)
+    z = 1.959963984540054
+    p = k / n
+    centre = (p + z**2 / (2 * n)) / (1 + z**2 / n)
+    half = z / (1 + z**2 / n) * np.sqrt(p * (1 - p) / n + z**2 / (4 * n**2))
+    np.testing.assert_allclose(lo, centre - half, atol=1e-12)
+    np.testing.assert_allclose(hi, centre + half, atol=1e-12)
+    assert np.isnan(stats.wilson(np.array([0]), np.array([0]))[0]).all()
+
+
+def _penalised_nll(coef, z, k, n):
+    """The objective of stats.logistic_fit in the standardised variable, written plainly."""
+    a, b = coef
+    total = 0.0
+    for zj, kj, nj in zip(z, k, n, strict=True):
+        eta = a + b * zj
+        total -= kj * eta - nj * np.logaddexp(0.0, eta)
+    return total + stats.RIDGE * (a**2 + b**2) / 2
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_logistic_fit_is_the_maximum_of_its_likelihood(seed):
+    rng = np.random.default_rng(seed)
+    x = np.log(np.geomspace(4, 200, 8))
+    n = rng.integers(5, 60, size=8)
+    k = rng.binomial(n, 1 / (1 + np.exp(-(x - x.mean()) * rng.uniform(0.5, 4))))
+    a, b = stats.logistic_fit(x, k, n)
+    z = (x - x.mean()) / x.std()
+    ref = scipy.optimize.minimize(
+        _penalised_nll,
+        np.zeros(2),
+        args=(z, k, n),
+        method="Nelder-Mead",
+        options={"xatol": 1e-10, "fatol": 1e-12, "maxiter": 20000},
+    ).x
+    # back in x: a + b·(x − c)/s
+    np.testing.assert_allclose(
+        [a, b], [ref[0] - ref[1] * x.mean() / x.std(), ref[1] / x.std()], rtol=1e-5, atol=1e-6
+    )
+
+
+def test_the_crossing_of_a_known_logistic_is_found_and_a_batch_matches_one_at_a_time():
+    rng = np.random.default_rng(3)
+    x = np.linspace(0.0, 4.0, 12)
+    truth = np.array([1.3, 2.0, 2.9])
+    n = np.full(12, 4000)
+    k = rng.binomial(n, 1 / (1 + np.exp(-3.0 * (x[None] - truth[:, None]))))
+    found = stats.logistic_crossing(x, k, n)
+    np.testing.assert_allclose(found, truth, atol=0.05)
+    one = [stats.logistic_crossing(x, k[i], n) for i in range(3)]
+    np.testing.assert_allclose(found, one, rtol=1e-12)
+
+
+def test_a_jump_from_none_to_all_crosses_between_the_two_points():
+    x = np.log(np.array([4.0, 8, 16, 32, 64]))
+    n = np.full(5, 1024)
+    k = np.array([0, 0, 0, 1024, 1024])
+    x50 = stats.logistic_crossing(x, k, n)
+    assert x[2] < x50 < x[3]
+
+
+def test_no_crossing_inside_the_grid_is_nan():
+    x = np.linspace(0, 1, 5)
+    n = np.full(5, 100)
+    always, never = np.full(5, 100), np.zeros(5)
+    falling = np.array([100, 80, 50, 20, 0])
+    assert np.isnan(stats.logistic_crossing(x, np.stack([always, never, falling]), n)).all()
+
+
+def test_bootstrap_counts_resample_instances_jointly():
+    flags = np.array([[0, 1, 1, np.nan], [1, 1, 0, 1]])
+    idx = np.array([[0, 0, 0, 0], [1, 2, 3, 3]])
+    k, n = stats.resampled_counts(flags, idx)
+    np.testing.assert_array_equal(k, [[0, 4], [2, 3]])
+    np.testing.assert_array_equal(n, [[4, 4], [2, 4]])
+
+
+def test_percentile_intervals_and_their_unresolved_tails():
+    reps = np.arange(1.0, 1001.0)
+    lo, hi = stats.percentile_interval(reps)
+    assert lo == pytest.approx(np.percentile(reps, 2.5)) and hi == pytest.approx(
+        np.percentile(reps, 97.5)
+    )
+    reps[:30] = np.nan  # 3% of replicates found no threshold: more than one tail
+    assert np.isnan(stats.percentile_interval(reps)).all()
+
+
+def test_growth_fits_tell_a_power_law_from_an_exponential():
+    m = np.array([1.0, 2, 3, 4, 6])
+    rng = np.random.default_rng(0)
+    noise = lambda: np.exp(rng.normal(0, 0.01, size=(200, 5)))  # noqa: E731
+    power = 3.0 * m**1.5
+    fits = stats.growth_fits(m, power, power * noise())
+    assert fits["better"] == "power" and fits["better_share"] > 0.9
+    assert fits["power_lower"] < 1.5 < fits["power_upper"]
+    expo = 2.0 * np.exp(0.7 * m)
+    fits = stats.growth_fits(m, expo, expo * noise())
+    assert fits["better"] == "exponential"
+    assert fits["exponential_lower"] < 0.7 < fits["exponential_upper"]
+    two = stats.growth_fits(m[:2], power[:2], power[:2] * noise()[:, :2])
+    assert np.isnan(two["power"]) and two["better"] == ""
