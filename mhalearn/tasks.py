@@ -146,18 +146,22 @@ class RegressionTask(eqx.Module):
         problem: RegressionProblem,
         fit: Fit,
     ) -> dict[str, Float[Array, ""]]:
-        """Matched parameter errors, prediction errors, the training loss, success, and the
-        errors of the learner's estimates (:func:`~mhalearn.metrics.recovery.estimate_errors`)."""
+        """Matched parameter errors, prediction errors, the training loss and its excess over
+        the teacher's (relative to the labels' mean square: ≤ ~0 when the fit explains the
+        training data as well as the truth does), success, and the errors of the learner's
+        estimates (:func:`~mhalearn.metrics.recovery.estimate_errors`)."""
         params = fit.params
         k_same, k_other = jax.random.split(key)
         errors = parameter_errors(params, teacher)
+        train_loss = problem.loss(params)
         same = self._inputs(k_same, self.teacher.inputs, self.test_samples)
         other = self._inputs(k_other, _OTHER[self.teacher.inputs], self.test_samples)
         return {
             **{f: getattr(errors, f) for f in errors.__dataclass_fields__},
             "prediction_error": prediction_error(params, teacher, same),
             "prediction_error_other": prediction_error(params, teacher, other),
-            "train_loss": problem.loss(params),
+            "train_loss": train_loss,
+            "train_excess": (train_loss - problem.loss(teacher)) / jnp.mean(problem.Y**2),
             "success": success(errors, self.success_tol),
             **estimate_errors(fit.estimates, teacher, problem.X),
         }
