@@ -86,6 +86,12 @@ VARIABLES: dict[str, Meta] = {
         "entry for regression, the mean logistic loss log(1 + exp(−y·Φ(X))) for "
         "classification.",
     ),
+    "train_excess": Meta(
+        "training loss above the teacher's",
+        "(training loss of the fit − training loss of the teacher) / mean(Y²) on the training "
+        "set: at most ~0 when the fit explains the training data as well as the truth does.",
+        _REL,
+    ),
     "train_error": Meta(
         "training 0-1 error", "Share of training samples whose score has the wrong sign."
     ),
@@ -131,7 +137,6 @@ VARIABLES: dict[str, Meta] = {
     "info_starts": Meta(
         "random starts run",
         "Starts variable projection ran, one after another until one fitted the data.",
-        "starts",
     ),
     # the certify-and-sculpt pipeline (learners.chen_li, a reconstruction)
     "info_rows_certified": Meta(
@@ -237,6 +242,49 @@ VARIABLES: dict[str, Meta] = {
         "nats",
     ),
     # NTK margin (experiments.margin)
+    # the phase study (experiments/phase.py)
+    "failure_optimisation": Meta(
+        "optimisation failure",
+        "1 when the teacher was not recovered and the fit's training loss exceeds the "
+        "teacher's by more than the attribute `tolerance` times mean(Y²), else 0.",
+        flag=True,
+    ),
+    "failure_identification": Meta(
+        "non-identified",
+        "1 when the teacher was not recovered although the fit's training loss exceeds the "
+        "teacher's by at most the attribute `tolerance` times mean(Y²), else 0.",
+        flag=True,
+    ),
+    "success_rate": Meta(
+        "share of teachers recovered", "Mean of `success` over the instances of a grid point."
+    ),
+    "threshold": Meta(
+        "recovery threshold N*50",
+        "The sample count at which a logistic fit in log N of the success share crosses one "
+        "half (NaN when it does not inside the grid).",
+    ),
+    "threshold_ratio": Meta(
+        "recovery threshold N*50/N_c",
+        "N*50 divided by the counting limit N_c = 2·heads·dim/tokens.",
+    ),
+    "growth_power": Meta(
+        "power-law rate of N*50/N_c in the heads",
+        "k of the least-squares fit log(N*50/N_c) = c + k·log m over the head counts.",
+    ),
+    "growth_exponential": Meta(
+        "exponential rate of N*50/N_c in the heads",
+        "s of the least-squares fit log(N*50/N_c) = c + s·m over the head counts.",
+    ),
+    "growth_exponential_better": Meta(
+        "exponential fits better",
+        "1 when the exponential fit of N*50/N_c in the heads has the smaller residual sum of "
+        "squares, 0 when the power law has.",
+        flag=True,
+    ),
+    "growth_better_share": Meta(
+        "share of replicates agreeing on the better fit",
+        "Share of bootstrap replicates in which the better growth model also fits better.",
+    ),
     "margin": Meta(
         "NTK margin γ at θ₀",
         "γ = 1/√(Σα*) of the hard-margin SVM dual on the NTK Gram matrix (0: not separable).",
@@ -249,6 +297,7 @@ VARIABLES: dict[str, Meta] = {
 }
 
 _MOVEMENT = re.compile(r"info_movement_(?P<field>\w+?)(?P<relative>_relative)?$")
+_BOUND = re.compile(r"(?P<base>\w+)_(?P<side>lower|upper)$")
 
 
 def meta(name: str) -> Meta | None:
@@ -261,6 +310,14 @@ def meta(name: str) -> Meta | None:
         if base is None:
             return None
         return Meta(base.long_name, f"At each logged step: {base.description}", base.units)
+    bound = _BOUND.match(name)
+    if bound and bound["base"] in VARIABLES:
+        base = VARIABLES[bound["base"]]
+        return Meta(
+            f"{base.long_name}, {bound['side']} 95% bound",
+            f"The {bound['side']} end of the 95% interval of: {base.description}",
+            base.units,
+        )
     moved = _MOVEMENT.match(name)
     if moved:
         field = moved["field"]

@@ -192,7 +192,10 @@ def files(tmp_path_factory):
 
 #: (arguments, what the one-line message must say); {root}: the fixture's folder
 BAD = [
-    (["run", "nonsense"], "unknown study 'nonsense'; expected one of heads, margin, recovery"),
+    (
+        ["run", "nonsense"],
+        "unknown study 'nonsense'; expected one of heads, margin, phase, recovery",
+    ),
     (["run", "regimes", "--instances", "1.5"], "--instances: expected an integer"),
     (["run", "regimes", "--beta", "x"], "--beta: cannot read 'x' (expected --beta [FLOAT"),
     (["run", "regimes", "--heads", "0"], "heads must be an integer >= 1, received 0"),

@@ -21,6 +21,7 @@ DIMS = {
     "stepsize": ("heads", "lr", "instance", "step"),
     "samples": ("samples", "heads", "instance", "step"),
     "margin": ("init", "heads", "instance"),
+    "phase": ("learner", "inputs", "dim", "heads", "ratio", "beta", "instance"),
 }
 
 

@@ -100,6 +100,11 @@ class Study:
         table = stat.to_series().to_string()
         return f"{self.headline} ({what} over {ds.sizes['instance']} instances):\n{table}"
 
+    def derive(self, ds):
+        """``ds`` (the merged cells) with what is computed across cells and instances added
+        (thresholds, fits); nothing by default."""
+        return ds
+
     def config(self) -> dict[str, Any]:
         return {"study": self.name, **to_jsonable(self)}
 
@@ -199,7 +204,7 @@ def merge_cells(study: Study, cells: list[dict[str, Any]], datasets: list) -> An
     dims = (*study.static_axes, *[d for d in placed[0].dims if d not in study.static_axes])
     merged = merged.transpose(*[d for d in dims if d in merged.dims], ...)
     merged.attrs = attributes(study)
-    return annotate(merged, study.annotations())
+    return annotate(study.derive(merged), study.annotations())
 
 
 class _CellBar:
