@@ -33,9 +33,9 @@ from mhalearn._validate import choice
 from mhalearn.batch import Engine
 from mhalearn.data import TOKEN_DISTRIBUTIONS
 from mhalearn.experiments.base import Study, product_grid, register_study, results_dataset
-from mhalearn.learners import LEARNERS, learner_label, make_learner
+from mhalearn.experiments.recovery import check_regression_learners
+from mhalearn.learners import learner_label, make_learner
 from mhalearn.learners.gd import GDConfig
-from mhalearn.problems import RegressionProblem
 from mhalearn.simulate import simulate
 from mhalearn.tasks import RegressionTask
 from mhalearn.teachers import TeacherSpec
@@ -150,10 +150,7 @@ class Phase(Study):
 
     def __post_init__(self):
         super().__post_init__()
-        for name in self.learner:
-            choice("learner", name, tuple(LEARNERS))
-            if RegressionProblem not in make_learner(name, self.steps).problems:
-                raise ValueError(f"learner {name!r} does not fit regression problems")
+        check_regression_learners(self.learner, self.steps)
         if list(self.ratio) != sorted(self.ratio):
             raise ValueError(f"ratio: expected increasing values, received {self.ratio}")
         for inputs in self.inputs:

@@ -18,6 +18,14 @@ from mhalearn.tasks import RegressionTask
 from mhalearn.teachers import Family, TeacherSpec
 
 
+def check_regression_learners(names: tuple[str, ...], steps: int) -> None:
+    """Every name is a registered learner that fits regression problems (ValueError if not)."""
+    for name in names:
+        choice("learner", name, tuple(LEARNERS))
+        if RegressionProblem not in make_learner(name, steps).problems:
+            raise ValueError(f"learner {name!r} does not fit regression problems")
+
+
 @register_study
 @dataclasses.dataclass(frozen=True)
 class Recovery(Study):
@@ -104,10 +112,7 @@ class Recovery(Study):
 
     def __post_init__(self):
         super().__post_init__()
-        for name in self.learner:
-            choice("learner", name, tuple(LEARNERS))
-            if RegressionProblem not in make_learner(name, self.steps).problems:
-                raise ValueError(f"learner {name!r} does not fit regression problems")
+        check_regression_learners(self.learner, self.steps)
         for h in self.heads:  # validates shapes, family, beta before any work
             self.teacher(h)
 
