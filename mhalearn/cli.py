@@ -338,7 +338,7 @@ def _place_study(argv: list[str]) -> list[str]:
             return ["run", arg, *rest[:i], *rest[i + 1 :]]
     if rest and not rest[0].startswith("-"):
         raise ValueError(
-            f"unknown study {rest[0]!r}; expected one of {', '.join(STUDIES)} "
+            f"unknown study {rest[0]!r}; expected one of {', '.join(sorted(STUDIES))} "
             "(`mhalearn list` describes them)"
         )
     return argv
