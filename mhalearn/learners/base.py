@@ -41,6 +41,12 @@ class Fit(eqx.Module):
     estimates: dict[str, Array] = eqx.field(default_factory=dict)
 
 
+def nan_last(cost: Float[Array, "*shape"]) -> Float[Array, "*shape"]:
+    """A cost to rank candidates by: NaN ranks after every number (``jnp.argmin`` alone
+    picks a NaN)."""
+    return jnp.where(jnp.isnan(cost), jnp.inf, cost)
+
+
 #: ``monitor(params) -> {name: scalar}``: metrics a learner records at its trace's snapshots
 Monitor = Callable[[PyTree], dict[str, Array]]
 
