@@ -43,7 +43,7 @@ from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 from mhalearn import draws
 from mhalearn._validate import in_range, positive_int
 from mhalearn.data import same_token
-from mhalearn.learners.base import Fit, Monitor, fit_from_history
+from mhalearn.learners.base import Fit, Monitor, fit_from_history, nan_last
 from mhalearn.learners.registry import register_learner
 from mhalearn.learners.varpro import VarProConfig, levenberg_marquardt
 from mhalearn.params import LayerParams
@@ -162,6 +162,17 @@ def row_scale(S: Float[Array, "dim dim"]) -> Float[Array, ""]:
     return math.sqrt(S.shape[0]) * jnp.linalg.norm(S, ord=2)
 
 
+def smallest_share(res: Float[Array, "samples tokens"], share) -> Bool[Array, "samples tokens"]:
+    """The ⌈share·count⌉ rows (at least one) of smallest residual, ties broken by position and
+    NaN last. (A threshold ``res <= quantile(res, share)`` can keep no row at all: with tied
+    residuals the interpolated quantile can round below their common value.)"""
+    flat = res.reshape(-1)
+    keep = jnp.maximum(jnp.ceil(share * flat.size), 1)
+    order = jnp.argsort(flat)  # stable, NaN last
+    rank = jnp.zeros(flat.size, order.dtype).at[order].set(jnp.arange(flat.size))
+    return (rank < keep).reshape(res.shape)
+
+
 def refine_sum_w(
     X: Float[Array, "samples tokens dim"],
     Y: Float[Array, "samples tokens dim"],
@@ -177,7 +188,7 @@ def refine_sum_w(
 
     def round_(S, share):
         best, res, _ = row_matches(X, Y, S)
-        keep = (res <= jnp.quantile(res, share)).astype(X.dtype)  # (n, a)
+        keep = smallest_share(res, share).astype(X.dtype)  # (n, a)
         xb = jnp.take_along_axis(X, best[..., None], axis=1)  # (n, a, dim): the matched tokens
         gram = jnp.einsum("na,nad,nae->de", keep, xb, xb)
         rhs = jnp.einsum("na,nad,nae->de", keep, xb, Y)
@@ -190,7 +201,7 @@ def refine_sum_w(
 def trimmed_residual(X, Y, S, share) -> Float[Array, ""]:
     """Mean residual of the best-matching ``share`` of rows, relative to √dim·‖S‖₂."""
     _, res, _ = row_matches(X, Y, S)
-    keep = res <= jnp.quantile(res, share)
+    keep = smallest_share(res, share)
     return jnp.sum(jnp.where(keep, res, 0.0)) / jnp.maximum(jnp.sum(keep), 1) / row_scale(S)
 
 
@@ -203,13 +214,14 @@ def refine_sum_w_restarts(
 ) -> tuple[Float[Array, "dim dim"], Float[Array, " restarts"]]:
     """:func:`refine_sum_w` from S0 and from ``refit_restarts − 1`` perturbations of it
     (relative size ``refit_noise``); keeps the estimate with the lowest trimmed residual (the
-    refinement can stall at a wrong fixed point). Returns it and every start's score."""
+    refinement can stall at a wrong fixed point; a NaN score ranks last). Returns it and every
+    start's score."""
     noise = draws.normal(key, (config.refit_restarts - 1, *S0.shape), S0.dtype)
     size = jnp.linalg.norm(S0) / S0.shape[0]
     starts = jnp.concatenate([S0[None], S0 + config.refit_noise * size * noise])
     finals = jax.vmap(lambda s: refine_sum_w(X, Y, s, config)[0])(starts)
     scores = jax.vmap(lambda s: trimmed_residual(X, Y, s, config.quantile_end))(finals)
-    return finals[jnp.argmin(scores)], scores
+    return finals[jnp.argmin(nan_last(scores))], scores
 
 
 class Certificate(eqx.Module):
@@ -358,7 +370,9 @@ def search_in_span(
     inside = jax.vmap(lambda t: satisfies(K, t, config.constraint_slack))(thetas)
     accepted = fits & inside
     pick = jnp.where(
-        jnp.any(accepted), jnp.argmin(jnp.where(accepted, costs, jnp.inf)), jnp.argmin(costs)
+        jnp.any(accepted),
+        jnp.argmin(jnp.where(accepted, costs, jnp.inf)),
+        jnp.argmin(nan_last(costs)),
     )
     return Candidate(
         theta=thetas[pick],

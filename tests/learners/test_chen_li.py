@@ -139,3 +139,69 @@ def test_refinement_restarts_keep_the_lowest_trimmed_residual():
     assert score(best) == pytest.approx(float(np.min(scores))) and score(best) <= score(single)
     err = lambda s: float(jnp.linalg.norm(s - truth) / jnp.linalg.norm(truth))  # noqa: E731
     assert err(single) > 0.3 and err(best) < 0.01
+
+
+def reference_share(res, share):
+    flat = np.asarray(res).reshape(-1)
+    keep = max(int(np.ceil(share * flat.size)), 1)
+    order = np.argsort(np.where(np.isnan(flat), np.inf, flat), kind="stable")
+    mask = np.zeros(flat.size, bool)
+    mask[order[:keep]] = True
+    return mask.reshape(np.shape(res))
+
+
+@pytest.mark.parametrize("value", [0.1, 0.7, 1 / 3])
+def test_smallest_share_keeps_at_least_one_row_when_residuals_tie(value):
+    # tied residuals: jnp.quantile interpolates between equal order statistics and can round
+    # below their value (0.7 at share 0.001 in float64), and `res <= quantile` kept no row
+    res = jnp.full((50, 4), value)
+    shares = jnp.array([0.001, 0.005, 0.3, 0.5, 1.0])
+    vmapped = jax.vmap(lambda s: cl.smallest_share(res, s))(shares)
+    for share, mask in zip(shares, vmapped, strict=True):
+        expected = reference_share(res, float(share))
+        np.testing.assert_array_equal(cl.smallest_share(res, share), expected)
+        np.testing.assert_array_equal(mask, expected)
+        assert expected.sum() >= 1
+
+
+def test_smallest_share_ranks_nan_last(rng):
+    res = rng.random((30, 4))
+    res[rng.random((30, 4)) < 0.3] = np.nan
+    for share in (0.01, 0.25, 0.9):  # the last keeps more rows than are finite
+        np.testing.assert_array_equal(cl.smallest_share(res, share), reference_share(res, share))
+
+
+def test_refinement_on_tied_residuals_stays_finite(rng):
+    # every row's best residual is exactly 0.7 (integer ΣW with a zero first column, ±1 tokens,
+    # an offset of 0.7 in that column) and the share is 0.001: the quantile threshold kept no
+    # row there, and ΣW came out NaN; now one row is kept and ΣW is finite, vmapped and not
+    X = rng.choice([-1.0, 1.0], size=(50, 4, 4))
+    S = rng.integers(-3, 4, size=(4, 4)).astype(float) * 4
+    S[:, 0] = 0.0
+    Y = X @ S + np.array([0.7, 0.0, 0.0, 0.0])
+    _, res, _ = cl.row_matches(X, Y, S)
+    assert np.all(np.asarray(res) == 0.7)
+    config = cl.ChenLiConfig(quantile_start=0.001, quantile_end=0.001, refit_rounds=1)
+    _, history = cl.refine_sum_w(X, Y, jnp.asarray(S), config)
+    assert np.all(np.isfinite(history))
+    batched, _ = jax.vmap(lambda s: cl.refine_sum_w(X, Y, s, config))(jnp.stack([S, S]))
+    assert np.all(np.isfinite(batched))
+
+
+def test_refinement_restarts_never_keep_a_nan_start(monkeypatch):
+    # a stand-in refinement that returns NaN from the first start: a finite start is kept
+    _, problem = teacher_problem(2, samples=200)
+    S0 = cl.crude_sum_w(problem.X, problem.Y)
+
+    def fake(X, Y, s, config):
+        return jnp.where(jnp.all(s == S0), jnp.nan, s), None
+
+    monkeypatch.setattr(cl, "refine_sum_w", fake)
+    best, scores = cl.refine_sum_w_restarts(jax.random.key(0), problem.X, problem.Y, S0, CONFIG)
+    assert np.isnan(scores[0]) and np.all(np.isfinite(scores[1:]))
+    assert np.all(np.isfinite(best))
+    keys = jnp.stack([jax.random.key(0), jax.random.key(1)])
+    both, _ = jax.vmap(lambda k: cl.refine_sum_w_restarts(k, problem.X, problem.Y, S0, CONFIG))(
+        keys
+    )
+    assert np.all(np.isfinite(both))
