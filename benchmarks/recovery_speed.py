@@ -3,6 +3,7 @@
     python benchmarks/recovery_speed.py            # the four cells of issue 15
     python benchmarks/recovery_speed.py --small    # the first cell, 16 teachers
     python benchmarks/recovery_speed.py --cells 0 3  # some of the cells
+    python benchmarks/recovery_speed.py --learners varpro  # the baseline and some learners
     python benchmarks/recovery_speed.py --memory   # peak memory at 64 and 4096 teachers
 
 Every learner sees the same teachers and training sets (root key 0, instance i). The
@@ -258,6 +259,13 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--small", action="store_true", help="the first cell, 16 teachers")
     p.add_argument("--cells", type=int, nargs="*", default=None, help="cell indices (0–3)")
+    p.add_argument(
+        "--learners",
+        nargs="*",
+        choices=list(LEARNERS),
+        default=list(LEARNERS),
+        help="batched learners run beside the scipy baseline (default: all)",
+    )
     p.add_argument("--check", action="store_true", help="check the baseline's Jacobian only")
     p.add_argument("--memory", action="store_true", help="peak memory at 64 and 4096 teachers")
     p.add_argument("--memory-one", nargs=2, help=argparse.SUPPRESS)
@@ -294,7 +302,8 @@ def main() -> None:
         task = cell_task(dim, tokens, heads, samples)
         shape = {"dim": dim, "tokens": tokens, "heads": heads, "samples": samples}
         out = {"scipy_varpro": run_scipy(task, teachers, restarts)}
-        for name, steps in LEARNERS.items():
+        for name in args.learners:
+            steps = LEARNERS[name]
             out[name] = run_batched(task, make_learner(name, steps), teachers, name == "varpro")
         base = out["scipy_varpro"]
         per = lambda o, k: o[k] / max(o["recovered"], 1)  # noqa: E731

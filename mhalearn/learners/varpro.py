@@ -238,6 +238,9 @@ def levenberg_marquardt(
         i, *_, done, _ = carry
         return (i < config.iterations) & ~done
 
+    def project(g):
+        return g if basis is None else basis.T @ g
+
     def move(g, lu, theta, W, cost):
         """One damped step from the factorised system: kept only if the reduced cost falls."""
         delta = -jax.scipy.linalg.lu_solve(lu, g)
@@ -249,24 +252,35 @@ def levenberg_marquardt(
 
     def step(carry):
         i, theta, W, cost, mu, history, _, _ = carry
+        start_cost = cost
         H, g = gauss_newton_system(problem, theta, W, config.sample_chunk, config.products)
         if basis is not None:
             H, g = basis.T @ H @ basis, basis.T @ g
         diag = jnp.diag(H)
         A = H + mu * (diag + 1e-12 * jnp.mean(diag)) * jnp.eye(H.shape[0], dtype=H.dtype)
         lu = jax.scipy.linalg.lu_factor(A)
-        better, theta, W, cost = move(g, lu, theta, W, cost)
-        mu = jnp.where(better, mu / 3, mu * 2)
-        for _ in range(config.steps_per_system - 1):  # the same matrix, a fresh gradient
 
-            def again(state, lu=lu):
+        def substep(k, state):
+            """Step k with this matrix: the system's gradient first, then a fresh one, as long
+            as every step so far was accepted and the fit is not done (one copy of the step
+            in the program, whatever ``steps_per_system``)."""
+
+            def attempt(state):
                 _, theta, W, cost = state
-                g = reduced_gradient(problem, theta, W)
-                return move(g if basis is None else basis.T @ g, lu, theta, W, cost)
+                fresh = jax.lax.cond(
+                    k == 0, lambda: g, lambda: project(reduced_gradient(problem, theta, W))
+                )
+                return move(fresh, lu, theta, W, cost)
 
-            state = (better, theta, W, cost)
-            go = better & (cost > config.tol * size)
-            better, theta, W, cost = jax.lax.cond(go, again, lambda s: (False, *s[1:]), state)
+            better, _, _, cost = state
+            go = (k == 0) | (better & (cost > config.tol * size))
+            return jax.lax.cond(go, attempt, lambda s: (False, *s[1:]), state)
+
+        first = (jnp.asarray(False), theta, W, cost)
+        _, theta, W, cost = jax.lax.fori_loop(0, config.steps_per_system, substep, first)
+        # the damping follows the first step (the cost fell iff it was accepted; a later
+        # rejection only ends the reuse)
+        mu = jnp.where(cost < start_cost, mu / 3, mu * 2)
         history = jnp.where(jnp.arange(history.shape[0]) > i, cost, history)
         return i + 1, theta, W, cost, mu, history, cost <= config.tol * size, i + 1
 
