@@ -294,5 +294,8 @@ def levenberg_marquardt(
 register_learner(
     "varpro",
     lambda steps: VarProConfig(iterations=20, restarts=2),
-    lambda c: f"VarPro-LM, {c.iterations} it. × {c.restarts} random starts",
+    lambda c: (
+        f"VarPro-LM, {c.iterations} it. (≤ {c.steps_per_system} steps per system) × "
+        f"{c.restarts} random starts"
+    ),
 )
