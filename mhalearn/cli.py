@@ -120,7 +120,8 @@ class Run:
     devices: Annotated[int | None, _unset("every device")] = None
     """How many devices to spread instances over."""
     cpu_devices: Annotated[int | None, _unset("one device")] = None
-    """Split the CPU into this many devices (e.g. one per core): slower compiles, faster runs."""
+    """Split the CPU into this many devices (e.g. one per core): slower compiles; faster GD
+    runs, slower variable projection (measured, README Performance)."""
     overwrite: bool = False
     """Replace everything in OUT/STUDY/ (results of another config included)."""
     quiet: bool = False
