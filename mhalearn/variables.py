@@ -2,7 +2,7 @@
 
 Each variable a study or :func:`~mhalearn.simulate` writes gets ``long_name`` (what a figure's
 axis says), a one-sentence ``description`` (its definition) and ``units`` where they apply
-(``relative``, ``rad``, ``steps``, ``nats``). Flags (0/1) also carry the CF attributes
+(``relative``, ``rad``, ``steps``, ``nats``, ``s``). Flags (0/1) also carry the CF attributes
 ``flag_values`` and ``flag_meanings``. ``trace_NAME`` is NAME at the logged steps,
 ``info_NAME`` a learner's own diagnostic, ``info_movement_FIELD[_relative]`` how far a
 parameter field moved.
@@ -184,8 +184,30 @@ VARIABLES: dict[str, Meta] = {
     ),
     "span_angle_estimate": Meta(
         "largest principal angle of the span estimate",
-        "Largest principal angle between the estimated span and span{Θ_i} (phase 5).",
+        "Largest principal angle from span{Θ_i} to the estimated span the search used (phase 4).",
         "rad",
+    ),
+    "truth_in_k": Meta(
+        "truth inside K",
+        "1 when every true Θ_i satisfies every constraint of the polyhedron K (phase 3).",
+        flag=True,
+    ),
+    # the sculpt study (experiments.sculpt)
+    "false_accept": Meta(
+        "false accept",
+        "1 when the certificate accepted a fit that does not recover the teacher.",
+        flag=True,
+    ),
+    "false_reject": Meta(
+        "false reject",
+        "1 when the certificate rejected a fit that recovers the teacher.",
+        flag=True,
+    ),
+    "phase_seconds": Meta(
+        "seconds per teacher",
+        "Wall seconds per teacher of each phase of the pipeline, each phase compiled "
+        "beforehand, over a few teachers of the cell.",
+        "s",
     ),
     # teacher regimes (teachers.teacher_diagnostics)
     "mean_max_attention": Meta(
@@ -297,6 +319,8 @@ VARIABLES: dict[str, Meta] = {
 }
 
 _MOVEMENT = re.compile(r"info_movement_(?P<field>\w+?)(?P<relative>_relative)?$")
+_ONSET = re.compile(r"onset_(?P<phase>\w+)$")
+_SPAN = re.compile(r"span_angle_(?P<method>\w+)$")
 _BOUND = re.compile(r"(?P<base>\w+)_(?P<side>lower|upper)$")
 
 
@@ -317,6 +341,22 @@ def meta(name: str) -> Meta | None:
             f"{base.long_name}, {bound['side']} 95% bound",
             f"The {bound['side']} end of the 95% interval of: {base.description}",
             base.units,
+        )
+    onset = _ONSET.match(name)
+    if onset:
+        return Meta(
+            f"onset of {onset['phase'].replace('_', ' ')}",
+            "Smallest N of the grid from which the phase's criterion "
+            "(mhalearn.experiments.sculpt.ONSETS) holds at every larger N; NaN if not by the "
+            "largest.",
+        )
+    method = _SPAN.match(name)
+    if method:
+        return Meta(
+            f"span angle, {method['method']}",
+            "Largest principal angle from span{Θ_i} to the span estimated by the method "
+            f"{method['method']!r} from the same K (phase 4).",
+            "rad",
         )
     moved = _MOVEMENT.match(name)
     if moved:

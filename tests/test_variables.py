@@ -9,7 +9,7 @@ from mhalearn.experiments import STUDIES
 from mhalearn.store import load
 from mhalearn.variables import VARIABLES, attributes, meta
 
-UNITS = {"relative", "rad", "steps", "nats"}
+UNITS = {"relative", "rad", "steps", "nats", "s"}
 
 
 def check_described(ds):
@@ -37,7 +37,7 @@ def test_simulate_results_are_described_with_the_tolerance():
         test_samples=8,
         success_tol=1e-2,
     )
-    learner = mh.ChenLiConfig(candidates=1, span_subsets=2, qp_iterations=20)
+    learner = mh.ChenLiConfig(candidates=1, span_queries=2, qp_iterations=20)
     ds = mh.simulate(jax.random.key(0), task, learner, 2).to_xarray()
     check_described(ds)
     assert ds["success"].attrs["tolerance"] == 1e-2

@@ -16,14 +16,17 @@ per phase so that each can be studied alone, and :meth:`ChenLiConfig.fit` chains
    a polyhedron K holding every Θ_i. Duplicate constraints are removed. Its minimum-norm point
    (a QP, solved by accelerated projected gradient on the dual, in JAX) lies mostly in
    span{Θ_i}.
-4. :func:`span_estimate` — minimum-norm points of random sub-polyhedra (subsets of the
-   constraints) and their top ``heads`` principal directions (in place of the paper's
-   membership-oracle queries).
+4. :func:`span_estimate` — an estimate of span{Θ_i} from queries to K (in place of the
+   paper's membership-oracle queries), by one of four methods (:data:`SPAN_METHODS`: min-norm
+   points of random sub-polyhedra, projections onto K's recession cone, peeling active faces,
+   hit-and-run samples of K ∩ ball); the ``sculpt`` study measures each one's angle to the
+   truth.
 5. :func:`search_in_span` — random restarts of variable projection restricted to that span (in
-   place of the paper's net over m×m coefficients), each followed by least squares for W and a
-   joint polish of all of Θ, and accepted only when every head satisfies K's constraints
-   (within ``constraint_slack``) and the data are fitted within ``accept_tol`` (the
-   certificate).
+   place of the paper's net over m×m coefficients), W by least squares, and — in the default
+   ``"polished"`` mode — a joint polish of all of Θ, which does the fitting at m ≥ 2 when the
+   span is poor; ``mode="pure"`` keeps the search's result. A candidate is accepted only when
+   every head satisfies K's constraints (within ``constraint_slack``) and the data are fitted
+   within ``accept_tol`` (the certificate).
 
 Every phase reports diagnostics (``Fit.info``); failures are data (``accepted = False``), never
 exceptions. The pipeline never reads the teacher: its intermediate estimates (the ΣW estimates,
@@ -33,6 +36,7 @@ against the truth by the task (:func:`mhalearn.metrics.recovery.estimate_errors`
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import equinox as eqx
@@ -41,7 +45,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
 from mhalearn import draws
-from mhalearn._validate import in_range, positive_int
+from mhalearn._validate import choice, in_range, positive_int
 from mhalearn.data import same_token
 from mhalearn.learners.base import Fit, Monitor, fit_from_history, nan_last
 from mhalearn.learners.registry import register_learner
@@ -50,8 +54,23 @@ from mhalearn.params import LayerParams
 from mhalearn.problems import RegressionProblem
 from mhalearn.solvers import box_qp, ridge_solve
 
+#: what follows the search inside the span (:func:`search_in_span`)
+MODES = ("polished", "pure")
+
 
 class ChenLiConfig(eqx.Module):
+    """The pipeline's settings. ``span_method`` (one of :data:`SPAN_METHODS`, with
+    ``span_queries`` queries, ``None``: :data:`DEFAULT_QUERIES`) chooses how phase 4 queries
+    K. ``mode="polished"`` (the default) follows each candidate of the search inside the span
+    by a ``polish`` — variable projection on all of Θ — which does the fitting at two heads and
+    more; ``mode="pure"`` keeps the search's own result (Θ inside the span, W by least
+    squares), so that the convex phases must do the work. ``span_report`` names further span
+    methods whose estimates are computed from the same K and returned (``span_<method>`` in
+    ``Fit.estimates``, for the ``sculpt`` study); they do not change the fit.
+    ``search_samples`` (``None``: all) limits phase 5 — the search, its least squares and the
+    certificate's fit check — to the first that many samples: the convex phases need many
+    samples, a local search few, and its cost grows with them."""
+
     delta: float | Array = 0.1
     refit_rounds: int = eqx.field(static=True, default=30)
     refit_restarts: int = eqx.field(static=True, default=4)
@@ -62,13 +81,18 @@ class ChenLiConfig(eqx.Module):
     certify_gap: float | Array = 0.3
     max_rows: int = eqx.field(static=True, default=256)
     qp_iterations: int = eqx.field(static=True, default=600)
-    span_subsets: int = eqx.field(static=True, default=4)
+    span_method: str = eqx.field(static=True, default="subsets")
+    span_queries: int | None = eqx.field(static=True, default=None)
     subset_fraction: float | Array = 0.5
+    sample_radius: float | Array = 4.0
     candidates: int = eqx.field(static=True, default=2)
     candidate: VarProConfig = VarProConfig(iterations=10, restarts=1)
     accept_tol: float | Array = 1e-6
     constraint_slack: float | Array = 0.5
     polish: VarProConfig = VarProConfig(iterations=20, restarts=1)
+    mode: str = eqx.field(static=True, default="polished")
+    span_report: tuple[str, ...] = eqx.field(static=True, default=())
+    search_samples: int | None = eqx.field(static=True, default=None)
 
     def __check_init__(self):
         in_range("delta", self.delta, 0.0, 0.5, open_low=True)
@@ -77,11 +101,19 @@ class ChenLiConfig(eqx.Module):
             "refit_restarts",
             "max_rows",
             "qp_iterations",
-            "span_subsets",
             "candidates",
         )
         for name in names:
             positive_int(name, getattr(self, name))
+        choice("span_method", self.span_method, SPAN_METHODS)
+        choice("mode", self.mode, MODES)
+        if self.span_queries is not None:
+            positive_int("span_queries", self.span_queries)
+        if self.search_samples is not None:
+            positive_int("search_samples", self.search_samples)
+        in_range("sample_radius", self.sample_radius, 2.0, open_low=True)
+        for method in self.span_report:
+            choice("span_report", method, SPAN_METHODS)
         for name in ("quantile_start", "quantile_end", "subset_fraction"):
             in_range(name, getattr(self, name), 0.0, 1.0, open_low=True)
 
@@ -98,9 +130,16 @@ class ChenLiConfig(eqx.Module):
         S, _ = refine_sum_w_restarts(k_refit, X, Y, S0, self)
         cert = certify(X, Y, S, self)
         K = constraints(k_dedup, X, cert, self)
-        basis, point = span_estimate(k_span, K, problem.heads, self)
+        spans = {
+            method: span_estimate(
+                k_span, K, problem.heads, dataclasses.replace(self, span_method=method)
+            )
+            for method in dict.fromkeys((self.span_method, *self.span_report))
+        }
+        basis, point = spans[self.span_method]
+        compared = {f"span_{method}": spans[method][0] for method in self.span_report}
         scale = jnp.linalg.norm(point)
-        cand = search_in_span(k_search, problem, basis, scale, K, self)
+        cand = search_in_span(k_search, search_problem(problem, self), basis, scale, K, self)
         info = {
             "rows_certified": jnp.sum(cert.certified),
             "constraints_kept": jnp.sum(K.valid),
@@ -116,8 +155,10 @@ class ChenLiConfig(eqx.Module):
             "certified": cert.certified,
             "certified_token": cert.token,
             "certified_delta": jnp.asarray(self.delta, X.dtype),
+            "in_k": K.rows,
             "min_norm_point": point,
             "span": basis,
+            **compared,
         }
         params = LayerParams(theta=cand.theta, W=cand.W)
         return fit_from_history(
@@ -250,6 +291,7 @@ class Constraints(eqx.Module):
     G: Float[Array, "constraints params"]  # rows vec(x_a (x_b − x_c)ᵀ)
     valid: Bool[Array, " constraints"]  # certified, distinct tokens, first of its duplicates
     bound: Float[Array, ""]  # log((1−δ)/δ)
+    rows: Bool[Array, "samples tokens"]  # the certified rows whose constraints K holds
 
 
 def constraints(
@@ -279,7 +321,28 @@ def constraints(
     first = jnp.concatenate([jnp.array([True]), h[sort][1:] != h[sort][:-1]])
     valid = valid & jnp.zeros_like(valid).at[sort].set(first)
     bound = jnp.log((1 - config.delta) / config.delta)
-    return Constraints(G=G, valid=valid, bound=jnp.asarray(bound, G.dtype))
+    used = jnp.zeros(n * k, bool).at[order].set(flat[order]).reshape(n, k)
+    return Constraints(G=G, valid=valid, bound=jnp.asarray(bound, G.dtype), rows=used)
+
+
+# ---- phase 4 -------------------------------------------------------------------------------
+
+#: the span phase's methods (:func:`span_estimate`), each a way of querying the convex body K
+SPAN_METHODS = ("subsets", "recession", "peel", "samples")
+
+#: queries per method when ``span_queries`` is not given: QPs for "subsets" and "peel",
+#: projections for "recession", hit-and-run steps for "samples"
+DEFAULT_QUERIES = {"subsets": 4, "recession": 64, "peel": 8, "samples": 4096}
+
+
+def _dual(G, valid, linear, iterations):
+    """argmax over λ ≥ 0 of ⟨linear, λ⟩ − ½‖G̃ᵀλ‖² (G̃: G with invalid rows zeroed, whose
+    multipliers stay 0), by :func:`~mhalearn.solvers.box_qp` with step 1/‖G̃‖₂². Returns
+    (λ, G̃)."""
+    G = jnp.where(valid[:, None], G, 0.0)
+    linear = jnp.where(valid, linear, 0.0)
+    step = 1.0 / jnp.maximum(jnp.linalg.norm(G, ord=2) ** 2, jnp.finfo(G.dtype).tiny)
+    return box_qp(lambda z: G @ (G.T @ z), linear, step, iterations), G
 
 
 def min_norm_point(
@@ -293,28 +356,105 @@ def min_norm_point(
     The dual  max_{λ≥0} bound·Σλ − ½‖Gᵀλ‖²  (θ = Gᵀλ) by :func:`~mhalearn.solvers.box_qp`,
     step 1/‖G‖₂²; invalid rows are zeroed out. Returns zeros when there is no valid constraint.
     """
-    G = jnp.where(valid[:, None], G, 0.0)
-    b = jnp.where(valid, bound, 0.0)
-    step = 1.0 / jnp.maximum(jnp.linalg.norm(G, ord=2) ** 2, jnp.finfo(G.dtype).tiny)
-    return G.T @ box_qp(lambda z: G @ (G.T @ z), b, step, iterations)
+    lam, G = _dual(G, valid, jnp.full(valid.shape, bound, G.dtype), iterations)
+    return G.T @ lam
 
 
-# ---- phase 4 -------------------------------------------------------------------------------
+def project_on_recession_cone(
+    G: Float[Array, "constraints params"],
+    valid: Bool[Array, " constraints"],
+    u: Float[Array, " params"],
+    iterations: int,
+) -> Float[Array, " params"]:
+    """The point of K's recession cone {v : G_c·v ≥ 0 for every valid c} nearest to ``u``:
+    v = u + Gᵀλ with λ from the dual  max_{λ≥0} −⟨Gu, λ⟩ − ½‖Gᵀλ‖²."""
+    lam, G = _dual(G, valid, -(G @ u), iterations)
+    return u + G.T @ lam
+
+
+def hit_and_run(
+    key: PRNGKeyArray,
+    K: Constraints,
+    start: Float[Array, " params"],
+    radius: Float[Array, ""],
+    steps: int,
+) -> Float[Array, "steps params"]:
+    """``steps`` points of a hit-and-run walk on K ∩ {‖θ‖ ≤ radius} from ``start`` (inside
+    it): a uniform direction, then a uniform point of the chord through the current point
+    (the chord's ends from K's constraints and the ball, in closed form)."""
+    G = jnp.where(K.valid[:, None], K.G, 0.0)
+
+    def step(x, k):
+        k_dir, k_pos = jax.random.split(k)
+        u = draws.normal(k_dir, x.shape, x.dtype)
+        u = u / jnp.linalg.norm(u)
+        slack, rate = G @ x - K.bound, G @ u  # slack ≥ 0 on valid rows; invalid rows: rate 0
+        ahead = jnp.min(jnp.where(rate < 0, slack / jnp.where(rate < 0, -rate, 1.0), jnp.inf))
+        behind = jnp.min(jnp.where(rate > 0, slack / jnp.where(rate > 0, rate, 1.0), jnp.inf))
+        xu = x @ u
+        half = jnp.sqrt(jnp.maximum(xu**2 - (x @ x - radius**2), 0.0))
+        ahead, behind = jnp.minimum(ahead, half - xu), jnp.minimum(behind, half + xu)
+        x = x + (draws.uniform(k_pos, (), x.dtype) * (ahead + behind) - behind) * u
+        return x, x
+
+    _, points = jax.lax.scan(step, start, jax.random.split(key, steps))
+    return points
+
+
+def principal_directions(points: Float[Array, "points params"], k: int):
+    """The top ``k`` right singular vectors of ``points`` (orthonormal rows): the directions
+    of largest second moment about the origin."""
+    _, _, vt = jnp.linalg.svd(points, full_matrices=False)
+    return vt[:k]
 
 
 def span_estimate(
     key: PRNGKeyArray, K: Constraints, heads: int, config: ChenLiConfig
 ) -> tuple[Float[Array, "heads params"], Float[Array, " params"]]:
-    """Top ``heads`` principal directions of the minimum-norm points of K and of
-    ``span_subsets`` random sub-polyhedra. Returns (orthonormal rows, K's min-norm point)."""
-    full = min_norm_point(K.G, K.valid, K.bound, config.qp_iterations)
-    keep = draws.bernoulli(key, config.subset_fraction, (config.span_subsets, K.valid.shape[0]))
-    subsets = jax.vmap(lambda m: min_norm_point(K.G, K.valid & m, K.bound, config.qp_iterations))(
-        keep
-    )
-    points = jnp.concatenate([full[None], subsets])
-    _, _, vt = jnp.linalg.svd(points, full_matrices=False)
-    return vt[:heads], full
+    """An estimate of span{Θ_i} by queries to K, the method ``config.span_method``; returns
+    (orthonormal rows, K's min-norm point p). Every method takes the top ``heads`` principal
+    directions of the points its queries return:
+
+    - ``"subsets"``: the min-norm points of K and of random sub-polyhedra (each constraint kept
+      with probability ``subset_fraction``);
+    - ``"recession"``: the projections of uniform random directions onto K's recession cone
+      {v : G_c·v ≥ 0}, which holds every Θ_i (each satisfies every constraint with margin, so
+      does every multiple of it) and, as constraints accumulate, little else;
+    - ``"peel"``: p, then the min-norm point of K without the constraints active at the last
+      point, and so on (each round peels the face the last point sat on);
+    - ``"samples"``: a hit-and-run walk on K ∩ {‖θ‖ ≤ ``sample_radius``·‖p‖} from 2p (the
+      second half of its steps), the body's directions of largest extent.
+
+    Why these should find the span (our reconstruction): K's constraints depend on Θ only
+    through the heads' margins, so K is (approximately, for random inputs) symmetric under
+    rotations that fix span{Θ_i}; a query whose answer is built from K alone (a min-norm
+    point, a projection averaged over directions, the walk's second moments) then lands in the
+    span up to the noise of finitely many constraints, and the methods differ in how that noise
+    falls. Which of them reaches the span at which N is measured by the ``sculpt`` study."""
+    queries = config.span_queries or DEFAULT_QUERIES[config.span_method]
+    its = config.qp_iterations
+    full = min_norm_point(K.G, K.valid, K.bound, its)
+    if config.span_method == "subsets":
+        keep = draws.bernoulli(key, config.subset_fraction, (queries, K.valid.shape[0]))
+        subsets = jax.vmap(lambda m: min_norm_point(K.G, K.valid & m, K.bound, its))(keep)
+        points = jnp.concatenate([full[None], subsets])
+    elif config.span_method == "recession":
+        u = draws.normal(key, (queries, full.shape[0]), full.dtype)
+        u = u / jnp.linalg.norm(u, axis=1, keepdims=True)
+        points = jax.vmap(lambda v: project_on_recession_cone(K.G, K.valid, v, its))(u)
+    elif config.span_method == "peel":
+
+        def peel(valid, _):
+            lam, _ = _dual(K.G, valid, jnp.full(valid.shape, K.bound, K.G.dtype), its)
+            point = jnp.where(valid[:, None], K.G, 0.0).T @ lam
+            active = lam > 1e-6 * jnp.max(lam)
+            return valid & ~active, point
+
+        _, points = jax.lax.scan(peel, K.valid, None, queries)
+    else:
+        radius = config.sample_radius * jnp.linalg.norm(full)
+        points = hit_and_run(key, K, 2 * full, radius, queries)[queries // 2 :]
+    return principal_directions(points, heads), full
 
 
 # ---- phase 5 -------------------------------------------------------------------------------
@@ -326,14 +466,22 @@ def satisfies(K: Constraints, theta: Float[Array, "heads dim dim"], slack) -> Bo
     return jnp.all(jnp.where(K.valid[None, :], margins >= -slack, True))
 
 
+def search_problem(problem: RegressionProblem, config: ChenLiConfig) -> RegressionProblem:
+    """The samples phase 5 sees: the first ``config.search_samples`` (all when ``None``)."""
+    first = config.search_samples
+    if first is None or first >= problem.samples:
+        return problem
+    return eqx.tree_at(lambda p: (p.X, p.Y), problem, (problem.X[:first], problem.Y[:first]))
+
+
 class Candidate(eqx.Module):
     theta: Float[Array, "heads dim dim"]
     W: Float[Array, "heads dim dim"]
-    history: Float[Array, " iterations"]  # the chosen candidate's polish
+    history: Float[Array, " iterations"]  # the chosen candidate's last solve (see the mode)
     converged: Bool[Array, ""]
     iterations: Int[Array, ""]
     span_cost: Float[Array, ""]  # its cost at the end of the search inside the span
-    cost: Float[Array, ""]  # after the joint polish
+    cost: Float[Array, ""]  # its final cost (after the polish in the polished mode)
     accepted: Bool[Array, ""]  # some candidate carries the certificate
     accepted_count: Int[Array, ""]
 
@@ -347,7 +495,8 @@ def search_in_span(
     config: ChenLiConfig,
 ) -> Candidate:
     """``candidates`` random restarts: variable projection with Θ_i = Σ_j C_ij V_j (V:
-    ``basis``) from C ~ N(0, scale²/heads), then a joint polish of all of Θ. A candidate is
+    ``basis``) from C ~ N(0, scale²/heads) (W by least squares at every step), then — in the
+    polished mode only — a joint polish of all of Θ. A candidate is
     accepted when its cost is ``<= accept_tol``·mean(Y²) and every head lies in K (within
     ``constraint_slack``); the accepted one with the lowest cost is returned (or, if none is
     accepted, the lowest-cost one, flagged)."""
@@ -358,9 +507,11 @@ def search_in_span(
     def one(k):
         C = scale / math.sqrt(m) * draws.normal(k, (m, m), basis.dtype)
         theta0 = (C @ basis).reshape(m, d, d)
-        theta, _, inside_span, _, _ = levenberg_marquardt(problem, theta0, config.candidate, lift)
-        theta, W, history, done, iters = levenberg_marquardt(problem, theta, config.polish)
-        return theta, W, history, done, iters, inside_span[-1]
+        found = levenberg_marquardt(problem, theta0, config.candidate, lift)
+        span_cost = found[2][-1]
+        if config.mode == "pure":
+            return (*found, span_cost)
+        return (*levenberg_marquardt(problem, found[0], config.polish), span_cost)
 
     thetas, Ws, histories, done, iters, span_costs = jax.vmap(one)(
         jax.random.split(key, config.candidates)
@@ -387,11 +538,22 @@ def search_in_span(
     )
 
 
+def describe(config: ChenLiConfig) -> str:
+    """What ran: the span method, the candidates and the mode."""
+    search = (
+        f"certify-and-sculpt (phases 1–5), span by {config.span_method}, {config.candidates} "
+        f"candidates × {config.candidate.iterations} it. inside the span"
+    )
+    if config.mode == "pure":
+        return search + ", pure (no polish)"
+    return search + f", then a {config.polish.iterations}-it. VarPro polish"
+
+
+register_learner("chen_li", lambda steps: ChenLiConfig(), describe)
 register_learner(
-    "chen_li",
-    lambda steps: ChenLiConfig(),
-    lambda c: (
-        f"certify-and-sculpt (phases 1–5), {c.candidates} candidates, then a "
-        f"{c.polish.iterations}-it. VarPro polish"
+    "chen_li_pure",
+    lambda steps: ChenLiConfig(
+        mode="pure", candidates=4, candidate=VarProConfig(iterations=20, restarts=1)
     ),
+    describe,
 )

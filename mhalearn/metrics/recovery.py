@@ -138,6 +138,23 @@ def certified_soundness(
     return jnp.where(n_cert > 0, jnp.sum(good & certified) / jnp.maximum(n_cert, 1), jnp.nan)
 
 
+def truth_in_constraints(
+    X: Float[Array, "samples tokens dim"],
+    rows: Bool[Array, "samples tokens"],
+    token: Int[Array, "samples tokens"],
+    theta: Float[Array, "heads dim dim"],
+    delta: Float[Array, ""],
+) -> Bool[Array, ""]:
+    """Whether every head satisfies the constraints of every row in ``rows`` (row a of sample
+    n, certified to attend to token ``token``): x_aᵀΘ_i(x_b − x_c) ≥ log((1−δ)/δ) for every
+    token c whose value differs from x_b's. True when ``rows`` is empty."""
+    scores = jnp.einsum("nad,hde,nce->nhac", X, theta, X)  # x_aᵀΘ_i x_c
+    best = jnp.take_along_axis(scores, token[:, None, :, None], axis=-1)  # (n, h, a, 1)
+    other = ~jnp.take_along_axis(same_token(X), token[..., None], axis=1)  # (n, a, c)
+    ok = (best - scores >= jnp.log((1 - delta) / delta)) | ~other[:, None]
+    return jnp.all(ok | ~rows[:, None, :, None])
+
+
 def estimate_errors(
     estimates: dict[str, Array], teacher: LayerParams, X: Float[Array, "samples tokens dim"]
 ) -> dict[str, Float[Array, ""]]:
@@ -145,11 +162,14 @@ def estimate_errors(
 
     - ``crude_sum_w``, ``refined_sum_w`` (ΣW estimates) → ``*_error``: relative Frobenius error;
     - ``span`` (rows spanning an estimate of span{Θ_i}) → ``span_angle_estimate``: the largest
-      principal angle from span{Θ_i} to it;
+      principal angle from span{Θ_i} to it; likewise ``span_<method>`` → ``span_angle_<method>``
+      (further estimates reported beside the one used);
     - ``min_norm_point`` (a flattened Θ) → ``min_norm_in_span``: the share of its norm inside
       span{Θ_i};
     - ``certified``, ``certified_token``, ``certified_delta`` (certified rows) →
-      ``certified_sound``: :func:`certified_soundness`.
+      ``certified_sound``: :func:`certified_soundness`; with ``in_k`` (the certified rows whose
+      constraints a convex body K holds) → ``truth_in_k``: 1 when every true head satisfies every
+      one of them, ⟨Θ_i, x_a(x_b − x_c)ᵀ⟩ ≥ log((1−δ)/δ) for every token c of another value.
     """
     sum_true = jnp.sum(teacher.W, axis=0)
     flat = teacher.theta.reshape(teacher.theta.shape[0], -1)
@@ -159,8 +179,11 @@ def estimate_errors(
             out[f"{name}_error"] = jnp.linalg.norm(estimates[name] - sum_true) / jnp.maximum(
                 jnp.linalg.norm(sum_true), _tiny(sum_true)
             )
-    if "span" in estimates:
-        out["span_angle_estimate"] = largest_principal_angle(flat, estimates["span"])
+    for name, value in estimates.items():
+        if name == "span":
+            out["span_angle_estimate"] = largest_principal_angle(flat, value)
+        elif name.startswith("span_"):
+            out[f"span_angle_{name[5:]}"] = largest_principal_angle(flat, value)
     if "min_norm_point" in estimates:
         point = estimates["min_norm_point"]
         inside = flat.T @ jnp.linalg.lstsq(flat.T, point)[0]
@@ -171,6 +194,14 @@ def estimate_errors(
         out["certified_sound"] = certified_soundness(
             X,
             estimates["certified"],
+            estimates["certified_token"],
+            teacher.theta,
+            estimates["certified_delta"],
+        )
+    if "in_k" in estimates:
+        out["truth_in_k"] = truth_in_constraints(
+            X,
+            estimates["in_k"],
             estimates["certified_token"],
             teacher.theta,
             estimates["certified_delta"],

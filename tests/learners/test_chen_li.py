@@ -8,6 +8,7 @@ import scipy.optimize
 
 import mhalearn as mh
 from mhalearn.learners import chen_li as cl
+from mhalearn.metrics.recovery import largest_principal_angle, truth_in_constraints
 
 CONFIG = cl.ChenLiConfig()
 
@@ -113,7 +114,7 @@ def test_pipeline_recovers_one_head_and_reports_honestly():
         task = mh.RegressionTask(
             teacher=mh.TeacherSpec(heads=heads, dim=6, tokens=3), samples=300, test_samples=32
         )
-        res = mh.simulate(jax.random.key(1), task, cl.ChenLiConfig(candidates=2, span_subsets=3), 2)
+        res = mh.simulate(jax.random.key(1), task, cl.ChenLiConfig(candidates=2, span_queries=3), 2)
         assert res.metrics["info_accepted"].dtype == bool  # failures are data, not exceptions
         for name in ("info_rows_certified", "info_constraints_kept"):  # its own diagnostics
             assert np.all(np.isfinite(res.metrics[name].astype(float))), name
@@ -205,3 +206,139 @@ def test_refinement_restarts_never_keep_a_nan_start(monkeypatch):
         keys
     )
     assert np.all(np.isfinite(both))
+
+
+def brute_projection(G, u):
+    cons = {"type": "ineq", "fun": lambda v: G @ v, "jac": lambda v: G}
+    res = scipy.optimize.minimize(
+        lambda v: 0.5 * (v - u) @ (v - u),
+        np.zeros_like(u),
+        jac=lambda v: v - u,
+        constraints=[cons],
+        method="SLSQP",
+        options={"ftol": 1e-14, "maxiter": 500},
+    )
+    assert res.success
+    return res.x
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_projection_on_the_recession_cone_equals_brute_force(seed):
+    rng = np.random.default_rng(seed)
+    G = rng.standard_normal((10, 5))
+    G[:, 0] = np.abs(G[:, 0]) + 0.5
+    valid = rng.random(10) < 0.8
+    u = rng.standard_normal(5)
+    got = cl.project_on_recession_cone(G, valid, u, iterations=20000)
+    np.testing.assert_allclose(got, brute_projection(G[valid], u), atol=1e-6)
+
+
+def test_hit_and_run_is_uniform_on_a_box_and_stays_in_the_body():
+    # K = the square [−1, 1]² (rows ±e_j, bound −1), inside the ball of radius 10: uniform
+    # samples have mean 0 and variance 1/3 per coordinate
+    G = jnp.asarray(np.concatenate([np.eye(2), -np.eye(2)]))
+    K = cl.Constraints(G=G, valid=jnp.ones(4, bool), bound=jnp.asarray(-1.0), rows=None)
+    points = np.asarray(cl.hit_and_run(jax.random.key(0), K, jnp.zeros(2), 10.0, 40000))
+    assert np.all(np.abs(points) <= 1 + 1e-12)
+    np.testing.assert_allclose(points.mean(0), 0.0, atol=0.02)
+    np.testing.assert_allclose(points.var(0), 1 / 3, rtol=0.05)
+    # the ball cuts it: radius 1 leaves the unit disc, variance 1/4 per coordinate
+    points = np.asarray(cl.hit_and_run(jax.random.key(1), K, jnp.zeros(2), 1.0, 40000))
+    assert np.all(np.linalg.norm(points, axis=1) <= 1 + 1e-12)
+    np.testing.assert_allclose(points.var(0), 1 / 4, rtol=0.05)
+
+
+def pinned_body(rng, span, bound):
+    """40 constraints whose normals are positive combinations of the rows of ``span``."""
+    coeff = np.abs(rng.standard_normal((40, span.shape[0]))) + 0.2
+    G = coeff @ span
+    return cl.Constraints(
+        G=jnp.asarray(G), valid=jnp.ones(40, bool), bound=jnp.asarray(bound), rows=None
+    )
+
+
+@pytest.mark.parametrize("method", ["subsets", "peel"])
+def test_min_norm_methods_stay_in_the_span_of_the_normals(method, rng):
+    # every point these methods return is Gᵀλ: with every normal inside a 2-D subspace, the
+    # estimate is that subspace
+    span = np.linalg.qr(rng.standard_normal((6, 2)))[0].T
+    K = pinned_body(rng, span, 1.0)
+    config = cl.ChenLiConfig(span_method=method, qp_iterations=3000)
+    basis, point = cl.span_estimate(jax.random.key(0), K, 2, config)
+    np.testing.assert_allclose(basis @ basis.T, np.eye(2), atol=1e-9)
+    assert float(largest_principal_angle(span, basis)) < 1e-6
+    assert np.all(np.asarray(K.G) @ np.asarray(point) >= 1.0 - 1e-6)  # p is in K
+
+
+def test_recession_method_finds_a_cone_pinned_to_a_subspace(rng):
+    # rows ±e_j for the 4 coordinates outside span{e_0, e_1}, and e_0, e_1: the recession cone is
+    # the quadrant of that plane, so every projection lies in it
+    G = np.concatenate([np.eye(6)[2:], -np.eye(6)[2:], np.eye(6)[:2]])
+    K = cl.Constraints(
+        G=jnp.asarray(G), valid=jnp.ones(10, bool), bound=jnp.asarray(0.0), rows=None
+    )
+    config = cl.ChenLiConfig(span_method="recession", qp_iterations=3000)
+    basis, _ = cl.span_estimate(jax.random.key(0), K, 2, config)
+    assert float(largest_principal_angle(np.eye(6)[:2], basis)) < 1e-6
+
+
+def test_pure_mode_keeps_the_search_and_the_polish_fits_outside_the_span():
+    # (8, 4, 2), β 4, N 1000: inside the true span the pure search recovers the teacher; inside
+    # a random 2-D subspace it cannot fit, and only the polished mode's unrestricted polish does
+    teacher, problem = teacher_problem(2)
+    cert = cl.certify(problem.X, problem.Y, teacher.W.sum(0), CONFIG)
+    K = cl.constraints(jax.random.key(0), problem.X, cert, CONFIG)
+    truth = np.linalg.qr(np.asarray(teacher.theta).reshape(2, -1).T)[0].T
+    random = np.linalg.qr(np.random.default_rng(0).standard_normal((64, 2)))[0].T
+    scale = jnp.asarray(4.0)
+    pure = cl.ChenLiConfig(mode="pure", candidates=4, candidate=mh.VarProConfig(iterations=20))
+    size = float(jnp.mean(problem.Y**2))
+    found = cl.search_in_span(jax.random.key(1), problem, jnp.asarray(truth), scale, K, pure)
+    assert bool(found.accepted) and float(found.cost) < 1e-12 * size
+    errors = mh.parameter_errors(mh.LayerParams(theta=found.theta, W=found.W), teacher)
+    assert float(errors.theta_error_max) < 1e-3
+    off = cl.search_in_span(jax.random.key(1), problem, jnp.asarray(random), scale, K, pure)
+    assert not bool(off.accepted) and float(off.cost) > 1e-3 * size
+    assert float(off.cost) == float(off.span_cost)  # no polish after the search
+    polished = cl.search_in_span(
+        jax.random.key(1), problem, jnp.asarray(random), scale, K, cl.ChenLiConfig()
+    )
+    assert float(polished.cost) < 1e-12 * size < float(polished.span_cost)
+
+
+def test_every_span_method_runs_in_the_pipeline_and_is_scored():
+    task = mh.RegressionTask(
+        teacher=mh.TeacherSpec(heads=2, dim=4, tokens=3), samples=200, test_samples=32
+    )
+    config = cl.ChenLiConfig(
+        mode="pure", span_report=cl.SPAN_METHODS, qp_iterations=100, candidates=1
+    )
+    res = mh.simulate(jax.random.key(0), task, config, 2)
+    for method in cl.SPAN_METHODS:
+        angle = res.metrics[f"span_angle_{method}"]
+        assert np.all((angle >= 0) & (angle <= np.pi / 2 + 1e-9)), method
+    # the estimate the search used is the span_method's (subsets), computed from the same K
+    np.testing.assert_allclose(
+        res.metrics["span_angle_estimate"], res.metrics["span_angle_subsets"], atol=1e-12
+    )
+    assert set(np.unique(res.metrics["truth_in_k"])) <= {0, 1}
+
+
+def test_truth_in_constraints_equals_a_loop_reference(rng):
+    X = rng.choice([-1.0, 1.0], size=(6, 3, 2))  # dim 2: repeated token values are common
+    theta = rng.standard_normal((2, 2, 2)) * 3
+    token = rng.integers(0, 3, size=(6, 3))
+    rows = rng.random((6, 3)) < 0.5
+    delta = 0.2
+    bound = np.log((1 - delta) / delta)
+    ok = True
+    for n, a in zip(*np.nonzero(rows), strict=True):
+        b = token[n, a]
+        for c in range(3):
+            if np.array_equal(X[n, c], X[n, b]):
+                continue
+            for h in range(2):
+                ok &= X[n, a] @ theta[h] @ (X[n, b] - X[n, c]) >= bound
+    got = truth_in_constraints(X, rows, token, theta, jnp.asarray(delta))
+    assert bool(got) == bool(ok)
+    assert bool(truth_in_constraints(X, np.zeros_like(rows), token, theta, 0.2))
