@@ -13,6 +13,7 @@ from mhalearn.experiments.phase import Phase
 from mhalearn.experiments.recovery import Recovery
 from mhalearn.experiments.regimes import Regimes
 from mhalearn.experiments.samples import Samples
+from mhalearn.experiments.sculpt import Sculpt
 from mhalearn.experiments.stepsize import StepSize
 
 DEFAULT = "recovery"
@@ -26,6 +27,7 @@ __all__ = [
     "Recovery",
     "Regimes",
     "Samples",
+    "Sculpt",
     "StepSize",
     "Study",
     "plot",

@@ -79,11 +79,6 @@ class Recovery(Study):
             steps=1000,
             instances=12,
         ),
-        # the pipeline's diagnostics of notebook 03
-        "pipeline_small": dict(
-            learner=("chen_li",), samples=(120,), heads=(1, 2), dim=4, tokens=3, instances=2
-        ),
-        "pipeline_full": dict(learner=("chen_li",), samples=(1000,), heads=(1, 2, 3), instances=16),
     }
 
     learner: tuple[str, ...] = ("adam", "varpro", "chen_li", "uniform")

@@ -1,0 +1,354 @@
+"""``sculpt``: each phase of the certify-and-sculpt pipeline vs samples, heads and β — where
+each one starts to work (a reconstruction: the pipeline is ours, see
+:mod:`mhalearn.learners.chen_li`).
+
+Per teacher, from one run of the pipeline in its **pure** mode (the search inside the estimated
+span, W by least squares, no unrestricted polish — so the convex phases must do the work):
+the crude and refined ΣW errors (phases 1–2), the certified rows, the share of them that are
+sound and whether every true head lies inside K (phase 3), K's min-norm point's share inside
+span{Θ_i} and the largest principal angle of the span estimate of **every** span method from the
+same K (phase 4; the search uses ``span_method``), and pure-mode recovery with the certificate's
+acceptance, false accepts (accepted, not recovered) and false rejects (recovered, not accepted)
+(phase 5). Per cell, the seconds per teacher of each phase (warm, on ``timing_instances``
+teachers, after the run). Derived (:meth:`Sculpt.derive`): the onset of each phase — the
+smallest N of the grid from which its criterion holds at every larger N of the grid.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, ClassVar, NamedTuple
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import xarray as xr
+
+from mhalearn import plots
+from mhalearn._validate import choice
+from mhalearn.batch import Engine
+from mhalearn.experiments.base import Study, product_grid, register_study, results_dataset
+from mhalearn.learners import chen_li as cl
+from mhalearn.learners.varpro import VarProConfig
+from mhalearn.simulate import simulate
+from mhalearn.tasks import RegressionTask
+from mhalearn.teachers import TeacherSpec
+
+#: the phases timed, in pipeline order
+PHASES = ("sum_w", "certify", "span", "search")
+
+
+class Criterion(NamedTuple):
+    """A phase works at a grid point when ``statistic`` (over teachers: "median", or "rate"
+    of a 0/1 flag) of ``variable`` is below ``level`` (``above``: at least ``level``)."""
+
+    variable: str
+    statistic: str
+    level: float
+    above: bool
+    meaning: str
+
+    def holds(self, value: np.ndarray) -> np.ndarray:
+        return value >= self.level if self.above else value < self.level
+
+    def value(self, ds):
+        """The statistic over instances, as (heads, beta, samples)."""
+        da = ds[self.variable]
+        value = da.mean("instance") if self.statistic == "rate" else da.median("instance")
+        return value.transpose("heads", "beta", "samples")
+
+
+#: each phase's criterion of working
+ONSETS = {
+    "refined_sum_w": Criterion(
+        "refined_sum_w_error", "median", 0.01, False, "median refined ΣW error < 0.01"
+    ),
+    "sound": Criterion(
+        "certified_sound", "median", 0.99, True, "median share of sound certified rows ≥ 0.99"
+    ),
+    "truth_in_k": Criterion(
+        "truth_in_k", "rate", 0.9, True, "truth inside K for ≥ 90% of teachers"
+    ),
+    "span": Criterion("span_angle_estimate", "median", 0.1, False, "median span angle < 0.1 rad"),
+    "pure_success": Criterion(
+        "success", "rate", 0.5, True, "pure-mode recovery for ≥ 50% of teachers"
+    ),
+    **{
+        f"span_{m}": Criterion(
+            f"span_angle_{m}", "median", 0.1, False, f"median span angle of {m} < 0.1 rad"
+        )
+        for m in cl.SPAN_METHODS
+    },
+}
+
+
+def _timed(fn, *args):
+    """``fn(*args)`` and the wall seconds it took, its result ready."""
+    start = time.perf_counter()
+    out = jax.block_until_ready(fn(*args))
+    return out, time.perf_counter() - start
+
+
+# the phases, each compiled on its own for timing (the study's run compiles them as one)
+@eqx.filter_jit
+def _sum_w(key, problem, config):
+    X, Y = problem.X, problem.Y
+    return cl.refine_sum_w_restarts(key, X, Y, cl.crude_sum_w(X, Y), config)[0]
+
+
+@eqx.filter_jit
+def _certify(key, problem, S, config):
+    return cl.constraints(key, problem.X, cl.certify(problem.X, problem.Y, S, config), config)
+
+
+@eqx.filter_jit
+def _span(key, K, heads, config):
+    return cl.span_estimate(key, K, heads, config)
+
+
+@eqx.filter_jit
+def _search(key, problem, basis, point, K, config):
+    problem = cl.search_problem(problem, config)
+    return cl.search_in_span(key, problem, basis, jnp.linalg.norm(point), K, config)
+
+
+def onset(values: np.ndarray, samples: np.ndarray, holds) -> float:
+    """The smallest of ``samples`` (ascending, the last axis of ``values``) from which
+    ``holds(value)`` is true at it and at every larger one; NaN when it fails at the largest."""
+    ok = holds(np.asarray(values, dtype=float))
+    tail = np.flip(np.logical_and.accumulate(np.flip(ok, -1), axis=-1), -1)
+    first = np.argmax(tail, axis=-1)
+    return np.where(tail.any(-1), np.asarray(samples, float)[first], np.nan)
+
+
+@register_study
+@dataclasses.dataclass(frozen=True)
+class Sculpt(Study):
+    """Each phase of certify-and-sculpt (pure mode) vs N, heads and β (static grid: heads ×
+    samples; β swept inside a cell)."""
+
+    name = "sculpt"
+    summary = "each phase of certify-and-sculpt (pure mode) vs samples × heads × β"
+    static_axes = ("heads", "samples")
+    headline = "success"
+    positive = ("beta", "success_tol")
+    precision = "float64"  # variable projection inside the span needs it
+    presets: ClassVar[dict[str, dict[str, Any]]] = {
+        "tiny": dict(
+            samples=(60, 200),
+            heads=(2,),
+            beta=(4.0, 8.0),
+            dim=4,
+            tokens=3,
+            max_rows=64,
+            qp_iterations=50,
+            candidates=1,
+            search_samples=100,
+            instances=2,
+            timing_instances=1,
+        ),
+        "small": dict(
+            samples=(300, 3000),
+            heads=(1, 2),
+            beta=(4.0,),
+            max_rows=512,
+            qp_iterations=200,
+            instances=4,
+            timing_instances=1,
+        ),
+        "full": dict(),
+    }
+
+    samples: tuple[int, ...] = (300, 1000, 3000, 10_000, 30_000, 100_000)
+    """Training examples N per teacher (one cell each)."""
+    heads: tuple[int, ...] = (1, 2, 3)
+    """Heads m of teacher and student (one cell each)."""
+    beta: tuple[float, ...] = (4.0, 8.0, 16.0)
+    """Teacher attention scales β (‖Θ_i‖_F ≈ β), swept inside a cell."""
+    dim: int = 8
+    """Token dimension d."""
+    tokens: int = 4
+    """Sequence length k."""
+    span_method: str = "subsets"
+    """The span method the search inside the span uses (every method's angle is reported)."""
+    max_rows: int = 4096
+    """Certified rows whose constraints K keeps (the first ones; K grows with N up to this)."""
+    qp_iterations: int = 600
+    """Iterations of each QP (min-norm points, projections) of phase 4."""
+    candidates: int = 4
+    """Random starts of the search inside the span (20 LM iterations each)."""
+    search_samples: int = 2000
+    """The search inside the span (and the certificate's fit check) uses the first this many
+    samples; the convex phases use all."""
+    success_tol: float = 1e-3
+    """A teacher is recovered when every matched Θ_i and W_i is within this relative error."""
+    instances: int = 64
+    """Random teachers per grid point."""
+    timing_instances: int = 4
+    """Teachers per cell on which each phase is timed (after the run, warm)."""
+    seed: int = 0
+    """Root seed: teacher i of every grid point draws from fold_in(key(seed), i)."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        choice("span_method", self.span_method, cl.SPAN_METHODS)
+        if list(self.samples) != sorted(self.samples):
+            raise ValueError(f"samples: expected increasing values, received {self.samples}")
+        for h in self.heads:  # shapes and β before any work
+            TeacherSpec(heads=h, dim=self.dim, tokens=self.tokens, beta=max(self.beta))
+        self.learner()
+
+    def learner(self) -> cl.ChenLiConfig:
+        """The pipeline this study runs: pure mode, every span method reported."""
+        return cl.ChenLiConfig(
+            mode="pure",
+            span_method=self.span_method,
+            span_report=cl.SPAN_METHODS,
+            max_rows=self.max_rows,
+            qp_iterations=self.qp_iterations,
+            candidates=self.candidates,
+            candidate=VarProConfig(iterations=20, restarts=1),
+            search_samples=self.search_samples,
+        )
+
+    def annotations(self) -> dict[str, dict[str, Any]]:
+        return {"success": {"tolerance": self.success_tol}}
+
+    def run_cell(self, cell: dict[str, Any], key: jax.Array, engine: Engine):
+        values, key_ids = product_grid({"beta": self.beta}, self.instances)
+        task = self.task(cell, values["beta"])
+        res = simulate(key, task, self.learner(), len(key_ids), key_ids=key_ids, **engine.kwargs())
+        ds = results_dataset(res, {"beta": self.beta}, self.instances)
+        ds = ds.drop_vars([v for v in ds.data_vars if str(v).startswith("trace_")])
+        ds = ds.drop_dims("step", errors="ignore")
+        recovered, accepted = ds["success"] == 1, ds["info_accepted"] == 1
+        ds["false_accept"] = (accepted & ~recovered).astype(np.int8)
+        ds["false_reject"] = (~accepted & recovered).astype(np.int8)
+        seconds = self.phase_seconds(cell, key)
+        ds["phase_seconds"] = xr.DataArray(
+            [seconds[p] for p in PHASES], dims="phase", coords={"phase": list(PHASES)}
+        )
+        return ds
+
+    def task(self, cell: dict[str, Any], beta) -> RegressionTask:
+        teacher = TeacherSpec(heads=cell["heads"], dim=self.dim, tokens=self.tokens, beta=beta)
+        return RegressionTask(
+            teacher=teacher,
+            samples=cell["samples"],
+            test_samples=256,
+            success_tol=self.success_tol,
+        )
+
+    def phase_seconds(self, cell: dict[str, Any], key: jax.Array) -> dict[str, float]:
+        """Seconds per teacher of each phase (:data:`PHASES`), each phase compiled on its own
+        and run on ``timing_instances`` teachers of the cell after one call that compiles it."""
+        config = self.learner()
+        total = np.zeros(len(PHASES))
+        betas = np.resize(np.asarray(self.beta), self.timing_instances + 1)
+        sample = jax.jit(lambda k, beta: self.task(cell, beta).sample(k)[1])
+        for i, beta in enumerate(betas):  # the first teacher compiles every phase
+            k = jax.random.fold_in(key, i)
+            p = sample(k, jnp.asarray(beta, jnp.result_type(float)))
+            S, t_sum_w = _timed(_sum_w, k, p, config)
+            K, t_certify = _timed(_certify, k, p, S, config)
+            (basis, point), t_span = _timed(_span, k, K, cell["heads"], config)
+            _, t_search = _timed(_search, k, p, basis, point, K, config)
+            if i > 0:
+                total += (t_sum_w, t_certify, t_span, t_search)
+        return dict(zip(PHASES, total / self.timing_instances, strict=True))
+
+    def derive(self, ds):
+        """``onset_<phase>`` over (heads, beta): the smallest N from which the phase's
+        criterion (:data:`ONSETS`) holds at every larger N of the grid (NaN: not by the
+        largest); ``onset_span_<method>`` likewise for every span method."""
+        samples = ds["samples"].values
+        for name, criterion in ONSETS.items():
+            value = criterion.value(ds).values
+            ds[f"onset_{name}"] = (("heads", "beta"), onset(value, samples, criterion.holds))
+        return ds
+
+    def summarize(self, ds) -> str:
+        onsets = [v for v in ds.data_vars if str(v).startswith("onset_")]
+        table = ds[onsets].to_dataframe().to_string(float_format=lambda v: f"{v:g}")
+        rates = ds[["success", "info_accepted", "false_accept", "false_reject"]]
+        share = rates.mean("instance").to_dataframe().to_string(float_format="{:.3f}".format)
+        angles = ds[[f"span_angle_{m}" for m in cl.SPAN_METHODS if f"span_angle_{m}" in ds]]
+        median = angles.median("instance").to_dataframe().to_string(float_format="{:.3f}".format)
+        seconds = ds["phase_seconds"].to_series().unstack("phase").to_string()
+        return (
+            "onset N of each phase (criteria: "
+            f"{'; '.join(c.meaning for c in list(ONSETS.values())[:5])}; likewise per span "
+            f"method):\n"
+            f"{table}\n"
+            f"pure-mode recovery, acceptance, false accepts and rejects (share of "
+            f"{ds.sizes['instance']} teachers):\n{share}\n"
+            f"median span angle (rad) of each method:\n{median}\n"
+            f"seconds per teacher of each phase:\n{seconds}"
+        )
+
+    @staticmethod
+    def figure(ds):
+        """Rows: refined (and crude) ΣW error; truth inside K; span angle of each method (at the
+        middle β); the pure-mode fit's largest matched Θ error; pure-mode recovery and false
+        accepts. A column per head count."""
+        heads, betas = ds["heads"].values, ds["beta"].values
+        n = ds["samples"].values
+        fig, axes = plots.panels(5, len(heads))
+        mid = betas[len(betas) // 2]
+        methods = [m for m in cl.SPAN_METHODS if f"span_angle_{m}" in ds]
+        for j, h in enumerate(heads):
+            cell = ds.sel(heads=h)
+            for i, b in enumerate(betas):
+                one = cell.sel(beta=b)
+                kw = {"shift": plots.shift(i, len(betas)), **plots.style(i)}
+                plots.band(axes[0, j], one["refined_sum_w_error"], "samples", f"β = {b:g}", **kw)
+                plots.rate(axes[1, j], one["truth_in_k"], "samples", f"β = {b:g}", **kw)
+                plots.band(axes[3, j], one["theta_error_max"], "samples", f"β = {b:g}", **kw)
+                plots.rate(axes[4, j], one["success"], "samples", f"β = {b:g}", **kw)
+                false = {**kw, "linestyle": ":", "markerfacecolor": "none"}
+                plots.rate(axes[4, j], one["false_accept"], "samples", "_", **false)
+            one = cell.sel(beta=mid)
+            plots.band(
+                axes[0, j],
+                one["crude_sum_w_error"],
+                "samples",
+                f"crude M₀ (β = {mid:g})",
+                color="k",
+                linestyle=":",
+            )
+            for i, method in enumerate(methods):
+                kw = {"shift": plots.shift(i, len(methods)), **plots.style(i + 3)}
+                plots.band(
+                    axes[2, j], one[f"span_angle_{method}"], "samples", f"span: {method}", **kw
+                )
+            axes[2, j].axhline(0.1, color="k", linestyle="--", linewidth=0.8)
+            axes[0, j].set(title=f"heads m = {h}", ylabel="ΣW relative error", yscale="log")
+            axes[1, j].set(ylabel="truth inside K (share)", ylim=(-0.05, 1.05))
+            axes[2, j].set(ylabel=f"span angle, rad (β = {mid:g})", ylim=(0, np.pi / 2 + 0.05))
+            tol = ds["success"].attrs.get("tolerance", 1e-3)
+            axes[3, j].axhline(tol, color="k", linestyle="--", linewidth=0.8)
+            axes[3, j].set(ylabel="pure mode: largest Θ_i error", yscale="log")
+            axes[4, j].set(ylabel="pure mode: recovered (share)", ylim=(-0.05, 1.05))
+            for ax in axes[:, j]:
+                plots.values_axis(ax, n, plots.LABELS["samples"])
+        n_inst = plots.instances(ds)
+        config = plots.config_of(ds)
+        caption = (
+            f"{n_inst} teachers per point. Row 1: median relative error of the refined ΣW "
+            "(crude M₀ dotted), band: interquartile range. Row 2: share of teachers whose every "
+            "head satisfies every constraint of K (Wilson 95% bars). Row 3: median largest "
+            "principal angle from span{Θ_i} to each method's span estimate, from the same K, "
+            "band: IQR; dashed: the 0.1-rad target. Rows 4–5: pure mode — the search inside the "
+            f"span by {config.get('span_method', '?')} ({config.get('candidates', '?')} "
+            f"candidates × 20 LM iterations on the first {config.get('search_samples', '?')} "
+            "samples), W by least squares, no unrestricted polish: median largest relative "
+            "error of a matched Θ_i (band: IQR; dashed: the success tolerance — a fit inside an "
+            "estimated span is no closer to Θ than the span is), then the share recovered "
+            "(solid) and of false accepts (dotted, open markers), Wilson bars."
+        )
+        title = "Certify-and-sculpt (a reconstruction), phase by phase: " + plots.settings(
+            ds, ("dim", "tokens", "max_rows")
+        )
+        return plots.finish(fig, title, caption)
