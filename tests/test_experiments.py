@@ -22,6 +22,7 @@ DIMS = {
     "samples": ("samples", "heads", "instance", "step"),
     "margin": ("init", "heads", "instance"),
     "phase": ("learner", "inputs", "dim", "heads", "ratio", "beta", "instance"),
+    "sculpt": ("heads", "samples", "beta", "instance", "phase"),  # phase: the timed phases
 }
 
 
@@ -33,7 +34,7 @@ def test_study_dataset_has_documented_dims_coords_and_attrs(tiny_results, name):
     for dim in DIMS[name]:
         if dim == "instance":
             np.testing.assert_array_equal(ds[dim], np.arange(study.instances))
-        elif dim != "step":
+        elif dim not in ("step", "phase"):
             np.testing.assert_array_equal(ds[dim].values, np.asarray(getattr(study, dim)))
     head = ds[study.headline]
     assert head.dims[: len(study.static_axes)] == study.static_axes  # static axes lead
