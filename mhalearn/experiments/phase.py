@@ -105,12 +105,13 @@ class Phase(Study):
         ),
         "small_dim": dict(ratio=(2.0, 8.0), heads=(2,), dim=(3, 4), beta=(4.0,), instances=4),
         "full": dict(),
-        # the slower learners, heads 1–4 at β 4
+        # the slower learners beside variable projection on the same teachers, heads 1–4 at β 4
         "full_learners": dict(
-            learner=("adam", "chen_li"), heads=(1, 2, 3, 4), beta=(4.0,), instances=256
+            learner=("varpro", "adam", "chen_li"), heads=(1, 2, 3, 4), beta=(4.0,), instances=256
         ),
         "full_gaussian": dict(inputs=("gaussian",)),
-        "full_dim": dict(dim=(4, 8, 16), heads=(2,), beta=(4.0,)),
+        # 256 teachers: at dim 16 a cell below the threshold takes over 10 min at 1024
+        "full_dim": dict(dim=(4, 8, 16), heads=(2,), beta=(4.0,), instances=256),
     }
 
     learner: tuple[str, ...] = ("varpro",)
