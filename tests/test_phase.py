@@ -112,3 +112,20 @@ def test_a_separated_curve_has_the_grid_points_around_its_jump_as_interval(tiny_
 def test_bad_phase_specs_are_refused(bad, message):
     with pytest.raises(ValueError, match=message):
         STUDIES["phase"].preset("tiny", **bad)
+
+
+def test_a_dim_study_at_one_head_draws_its_heatmaps_over_dim(tiny_results):
+    """With one head count and several dims the heatmap rows are the dims, and no
+    thresholds-vs-heads panel of a single point is drawn."""
+    import matplotlib
+    import xarray as xr
+
+    matplotlib.use("Agg")
+    ds = load(tiny_results["phase"][1]).isel(heads=[0])
+    dims = xr.concat([ds, ds.assign_coords(dim=[2 * ds["dim"].item()])], "dim")
+    fig = STUDIES["phase"].figure(dims)
+    heat = fig.axes[0]
+    assert [t.get_text() for t in heat.get_yticklabels()] == [f"{d}" for d in dims["dim"].values]
+    assert heat.get_ylabel().endswith("token dimension d")
+    xlabels = [ax.get_xlabel() for ax in fig.axes]
+    assert "heads m" not in xlabels and "token dimension d" in xlabels

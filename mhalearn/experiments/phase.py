@@ -290,27 +290,36 @@ class Phase(Study):
 
     @staticmethod
     def figure(ds):
-        """Heatmaps over (N/N_c, heads) of the share of teachers recovered, of optimisation
-        failures and of non-identified fits, a row per learner × β (the first inputs and
-        dim), N*₅₀/N_c marked on the success map; below, N*₅₀/N_c vs heads per inputs with
-        its power-law and exponential fits, and vs dim when there are several."""
+        """Heatmaps of the share of teachers recovered, of optimisation failures and of
+        non-identified fits over (N/N_c, heads) — or over (N/N_c, dim) when the study has one
+        head count and several dims — a row per learner × β (the first inputs, and the first
+        dim or head count), N*₅₀/N_c marked on the success map; below, N*₅₀/N_c vs heads per
+        inputs with its power-law and exponential fits when there are several head counts,
+        and vs dim when there are several dims."""
         config = plots.config_of(ds)
-        one = ds.isel(inputs=0, dim=0)
+        along = "dim" if ds.sizes["heads"] == 1 and ds.sizes["dim"] > 1 else "heads"
+        across = "heads" if along == "dim" else "dim"
+        one = ds.isel({"inputs": 0, across: 0})
         rows = list(itertools.product(one["learner"].values, one["beta"].values))
-        below = ds.sizes["inputs"] + (ds.sizes["dim"] > 1)
+        by_heads = ds.sizes["heads"] > 1
+        below = by_heads * ds.sizes["inputs"] + (ds.sizes["dim"] > 1)
         cols = max(3, below)
-        fig, axes = plots.panels(len(rows) + 1, cols, width=4.0, height=2.6)
+        fig, axes = plots.panels(len(rows) + (below > 0), cols, width=4.0, height=2.6)
         for i, (learner, beta) in enumerate(rows):
-            _heatmaps(axes[i], one.sel(learner=learner, beta=beta), f"{learner}, β = {beta:g}")
+            _heatmaps(
+                axes[i], one.sel(learner=learner, beta=beta), f"{learner}, β = {beta:g}", along
+            )
             for ax in axes[i, 3:]:
                 ax.remove()
-        last = axes[len(rows)]
-        for j, inputs in enumerate(ds["inputs"].values):
-            _thresholds_vs_heads(last[j], ds.sel(inputs=inputs).isel(dim=0))
-        if ds.sizes["dim"] > 1:
-            _thresholds_vs_dim(last[ds.sizes["inputs"]], ds.isel(inputs=0))
-        for ax in last[below:]:
-            ax.remove()
+        if below:
+            last = axes[len(rows)]
+            if by_heads:
+                for j, inputs in enumerate(ds["inputs"].values):
+                    _thresholds_vs_heads(last[j], ds.sel(inputs=inputs).isel(dim=0))
+            if ds.sizes["dim"] > 1:
+                _thresholds_vs_dim(last[below - 1], ds.isel(inputs=0))
+            for ax in last[below:]:
+                ax.remove()
         n = plots.instances(ds)
         widest = np.max(np.subtract(*stats.wilson(np.array([n // 2]), np.array([n]))[::-1]))
         steps, stop = config.get("steps", Phase.steps), config.get("stop_loss", Phase.stop_loss)
@@ -330,20 +339,21 @@ class Phase(Study):
             f"that never crosses one half inside the grid is not drawn. Learners: {learners}."
         )
         title = (
-            f"Phase diagram of teacher recovery (heatmaps: inputs {one['inputs'].item()}, dim "
-            f"{one['dim'].item()}): " + plots.settings(ds, ("tokens", "label_noise"))
+            f"Phase diagram of teacher recovery (heatmaps: inputs {one['inputs'].item()}, "
+            f"{across} {one[across].item()}): " + plots.settings(ds, ("tokens", "label_noise"))
         )
         return plots.finish(fig, title, caption)
 
 
-def _heatmaps(axes, cell, name: str) -> None:
-    """The three shares of one learner × β over (N/N_c, heads), the threshold on the first."""
-    ratios, heads = np.asarray(cell["ratio"].values, float), cell["heads"].values
+def _heatmaps(axes, cell, name: str, along: str = "heads") -> None:
+    """The three shares of one learner × β over (N/N_c, ``along``: heads or dim), the
+    threshold on the first."""
+    ratios, rows = np.asarray(cell["ratio"].values, float), cell[along].values
     kinds = ("success", "failure_optimisation", "failure_identification")
     titles = ("recovered", "optimisation failure", "non-identified (data fitted)")
     for ax, kind, title in zip(axes, kinds, titles, strict=False):
-        share = cell[kind].mean("instance").transpose("heads", "ratio").values
-        plots.heatmap(ax, share, ratios, heads, vmin=0, vmax=1, cmap="viridis")
+        share = cell[kind].mean("instance").transpose(along, "ratio").values
+        plots.heatmap(ax, share, ratios, rows, vmin=0, vmax=1, cmap="viridis")
         for (r, c), v in np.ndenumerate(share):
             if np.isfinite(v):
                 color = "k" if v > 0.6 else "w"
@@ -358,14 +368,15 @@ def _heatmaps(axes, cell, name: str) -> None:
                 )
         ax.set_xticks(ratios, [f"{v:g}" for v in ratios], fontsize=6, rotation=90)
         ax.minorticks_off()
-        ax.set(xlabel="N / N_c", ylabel=f"{name}\nheads m", title=f"{title}: {name}")
+        label = "heads m" if along == "heads" else "token dimension d"
+        ax.set(xlabel="N / N_c", ylabel=f"{name}\n{label}", title=f"{title}: {name}")
     t = cell["threshold_ratio"].values
     lo, hi = cell["threshold_ratio_lower"].values, cell["threshold_ratio_upper"].values
     ok = np.isfinite(t)
     if ok.any():
         axes[0].errorbar(
             t[ok],
-            np.arange(len(heads))[ok] + 0.3,
+            np.arange(len(rows))[ok] + 0.3,
             xerr=[(t - lo)[ok], (hi - t)[ok]],
             fmt="v",
             color="r",
