@@ -85,6 +85,8 @@ class ChenLiConfig(eqx.Module):
     span_queries: int | None = eqx.field(static=True, default=None)
     subset_fraction: float | Array = 0.5
     sample_radius: float | Array = 4.0
+    slice_radius: float | Array = 30.0
+    slice_constraints: int = eqx.field(static=True, default=1024)
     candidates: int = eqx.field(static=True, default=2)
     candidate: VarProConfig = VarProConfig(iterations=10, restarts=1)
     accept_tol: float | Array = 1e-6
@@ -102,6 +104,7 @@ class ChenLiConfig(eqx.Module):
             "max_rows",
             "qp_iterations",
             "candidates",
+            "slice_constraints",
         )
         for name in names:
             positive_int(name, getattr(self, name))
@@ -112,6 +115,7 @@ class ChenLiConfig(eqx.Module):
         if self.search_samples is not None:
             positive_int("search_samples", self.search_samples)
         in_range("sample_radius", self.sample_radius, 2.0, open_low=True)
+        in_range("slice_radius", self.slice_radius, 0.0, open_low=True)
         for method in self.span_report:
             choice("span_report", method, SPAN_METHODS)
         for name in ("quantile_start", "quantile_end", "subset_fraction"):
@@ -328,11 +332,11 @@ def constraints(
 # ---- phase 4 -------------------------------------------------------------------------------
 
 #: the span phase's methods (:func:`span_estimate`), each a way of querying the convex body K
-SPAN_METHODS = ("subsets", "recession", "peel", "samples")
+SPAN_METHODS = ("subsets", "recession", "peel", "samples", "slice")
 
 #: queries per method when ``span_queries`` is not given: QPs for "subsets" and "peel",
-#: projections for "recession", hit-and-run steps for "samples"
-DEFAULT_QUERIES = {"subsets": 4, "recession": 64, "peel": 8, "samples": 4096}
+#: projections for "recession" and "slice", hit-and-run steps for "samples"
+DEFAULT_QUERIES = {"subsets": 4, "recession": 64, "peel": 8, "samples": 4096, "slice": 256}
 
 
 def _dual(G, valid, linear, iterations):
@@ -401,6 +405,40 @@ def hit_and_run(
     return points
 
 
+def complement_basis(p: Float[Array, " params"]) -> Float[Array, "params rest"]:
+    """Orthonormal columns spanning the complement of the unit vector ``p`` (the columns of a
+    Householder reflection that maps e₁ to ±p, less the first)."""
+    e1 = jnp.zeros_like(p).at[0].set(1.0)
+    v = p + jnp.where(p[0] >= 0, 1.0, -1.0) * e1
+    H = jnp.eye(p.shape[0], dtype=p.dtype) - 2 * jnp.outer(v, v) / (v @ v)
+    return H[:, 1:]
+
+
+def slice_points(
+    K: Constraints,
+    normal: Float[Array, " params"],
+    targets: Float[Array, "queries rest"],
+    keep: int,
+    iterations: int,
+) -> tuple[Float[Array, "queries rest"], Float[Array, "params rest"]]:
+    """The points of the cross-section {v : ⟨v, normal⟩ = 1, G_c·v ≥ 0} of K's recession cone
+    nearest to each of ``targets``, in the coordinates w of v = normal + B w (B:
+    :func:`complement_basis`); far targets land on its far boundary (near its extreme points
+    in their directions). Only the ``keep`` valid constraints with the least normalised slack
+    at ``normal`` enter (those that can bind nearby). Returns (points w, B)."""
+    B = complement_basis(normal)
+    slack = K.G @ normal
+    score = jnp.where(K.valid, slack / jnp.linalg.norm(K.G, axis=1).clip(1e-30), jnp.inf)
+    near = jnp.argsort(score)[: min(keep, score.shape[0])]
+    GB, offset, valid = K.G[near] @ B, slack[near], K.valid[near]
+
+    def project(c):  # nearest w to c with GB·w + offset ≥ 0
+        lam, Gt = _dual(GB, valid, -offset - GB @ c, iterations)
+        return c + Gt.T @ lam
+
+    return jax.vmap(project)(targets), B
+
+
 def principal_directions(points: Float[Array, "points params"], k: int):
     """The top ``k`` right singular vectors of ``points`` (orthonormal rows): the directions
     of largest second moment about the origin."""
@@ -423,7 +461,17 @@ def span_estimate(
     - ``"peel"``: p, then the min-norm point of K without the constraints active at the last
       point, and so on (each round peels the face the last point sat on);
     - ``"samples"``: a hit-and-run walk on K ∩ {‖θ‖ ≤ ``sample_radius``·‖p‖} from 2p (the
-      second half of its steps), the body's directions of largest extent.
+      second half of its steps), the body's directions of largest extent;
+    - ``"slice"``: p itself, and the top ``heads − 1`` principal directions (about their
+      mean) of the points of the cross-section of K's recession cone through p/‖p‖ nearest
+      to points at distance ``slice_radius`` in uniform random directions
+      (:func:`slice_points`, with the ``slice_constraints`` nearest constraints). As
+      constraints accumulate the recession cone shrinks towards cone{Θ_i} (a consensus row's
+      constraint holds with margin for every head, and for a direction far outside the span
+      some certified row violates it), so its cross-section shrinks towards the polytope of
+      the heads' directions, widened in every direction by a finite-sample slack: that
+      polytope's own extent is what principal directions about the mean see first. The angle
+      of p itself to the span then bounds the estimate's.
 
     Why these should find the span (our reconstruction): K's constraints depend on Θ only
     through the heads' margins, so K is (approximately, for random inputs) symmetric under
@@ -451,6 +499,13 @@ def span_estimate(
             return valid & ~active, point
 
         _, points = jax.lax.scan(peel, K.valid, None, queries)
+    elif config.span_method == "slice":
+        normal = full / jnp.maximum(jnp.linalg.norm(full), jnp.finfo(full.dtype).tiny)
+        c = draws.normal(key, (queries, normal.shape[0] - 1), normal.dtype)
+        c = config.slice_radius * c / jnp.linalg.norm(c, axis=1, keepdims=True)
+        w, B = slice_points(K, normal, c, config.slice_constraints, its)
+        inside = principal_directions(w - w.mean(0), heads - 1) @ B.T
+        return jnp.concatenate([normal[None], inside]), full
     else:
         radius = config.sample_radius * jnp.linalg.norm(full)
         points = hit_and_run(key, K, 2 * full, radius, queries)[queries // 2 :]

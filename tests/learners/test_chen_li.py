@@ -330,3 +330,50 @@ def test_truth_in_constraints_equals_a_loop_reference(rng):
     got = truth_in_constraints(X, rows, token, theta, jnp.asarray(delta))
     assert bool(got) == bool(ok)
     assert bool(truth_in_constraints(X, np.zeros_like(rows), token, theta, 0.2))
+
+
+@pytest.mark.parametrize("first", [1.0, -1.0, 0.0, 0.3])
+def test_complement_basis_is_orthonormal_and_orthogonal_to_the_vector(first, rng):
+    p = np.concatenate([[first], np.zeros(4) if abs(first) == 1 else rng.standard_normal(4)])
+    p = p / np.linalg.norm(p)
+    B = np.asarray(cl.complement_basis(jnp.asarray(p)))
+    assert B.shape == (5, 4)
+    np.testing.assert_allclose(B.T @ B, np.eye(4), atol=1e-12)
+    np.testing.assert_allclose(p @ B, 0.0, atol=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_slice_points_are_the_nearest_points_of_the_cross_section(seed):
+    rng = np.random.default_rng(seed)
+    G = rng.standard_normal((12, 5))
+    G[:, 0] = np.abs(G[:, 0]) + 1.0  # e_0 lies strictly inside the recession cone
+    valid = rng.random(12) < 0.8
+    K = cl.Constraints(G=jnp.asarray(G), valid=jnp.asarray(valid), bound=None, rows=None)
+    normal = np.eye(5)[0] + 0.05 * rng.standard_normal(5)
+    normal /= np.linalg.norm(normal)
+    assert np.all(G @ normal > 0)  # w = 0 is inside the cross-section
+    targets = 3.0 * rng.standard_normal((4, 4))
+    w, B = cl.slice_points(K, jnp.asarray(normal), jnp.asarray(targets), 12, 20000)
+    B = np.asarray(B)
+    for got, c in zip(np.asarray(w), targets, strict=True):
+        want = brute_nearest(G[valid] @ B, -(G[valid] @ normal), c)
+        np.testing.assert_allclose(got, want, atol=1e-6)
+        assert np.all(G[valid] @ (normal + B @ got) >= -1e-6)
+
+
+def test_slice_method_finds_a_widened_wedge():
+    # K: θ_0 ≥ 1, θ_1 ≥ 1 and θ_0 + θ_1 ± 10 θ_j ≥ 1 (j = 2..5): its recession cone is the
+    # quadrant of span{e_0, e_1} widened by |θ_j| ≤ (θ_0 + θ_1)/10, and its min-norm point is
+    # (1, 1, 0, ...), inside the span; the cross-section is a segment of length 2 along
+    # e_0 − e_1 times a cube of half-width 0.14 — the span is its widest extent
+    rows = [np.eye(6)[0], np.eye(6)[1]]
+    rows += [
+        np.eye(6)[0] + np.eye(6)[1] + s * 10 * np.eye(6)[j] for j in range(2, 6) for s in (1, -1)
+    ]
+    G = jnp.asarray(np.array(rows))
+    K = cl.Constraints(G=G, valid=jnp.ones(len(rows), bool), bound=jnp.asarray(1.0), rows=None)
+    config = cl.ChenLiConfig(span_method="slice", qp_iterations=3000)
+    basis, point = cl.span_estimate(jax.random.key(0), K, 2, config)
+    np.testing.assert_allclose(basis @ basis.T, np.eye(2), atol=1e-9)
+    np.testing.assert_allclose(point, [1, 1, 0, 0, 0, 0], atol=1e-6)
+    assert float(largest_principal_angle(np.eye(6)[:2], basis)) < 0.05
