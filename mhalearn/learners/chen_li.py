@@ -345,7 +345,10 @@ def _dual(G, valid, linear, iterations):
     (λ, G̃)."""
     G = jnp.where(valid[:, None], G, 0.0)
     linear = jnp.where(valid, linear, 0.0)
-    step = 1.0 / jnp.maximum(jnp.linalg.norm(G, ord=2) ** 2, jnp.finfo(G.dtype).tiny)
+    # ‖G̃‖₂² from the small Gram matrix (a spectral norm of the tall G̃ itself goes through an
+    # SVD whose memory grows with the square of the number of constraints)
+    small = G.T @ G if G.shape[0] >= G.shape[1] else G @ G.T
+    step = 1.0 / jnp.maximum(jnp.linalg.eigvalsh(small)[-1], jnp.finfo(G.dtype).tiny)
     return box_qp(lambda z: G @ (G.T @ z), linear, step, iterations), G
 
 
