@@ -192,6 +192,13 @@ VARIABLES: dict[str, Meta] = {
         "1 when every true Θ_i satisfies every constraint of the polyhedron K (phase 3).",
         flag=True,
     ),
+    "k_tilt": Meta(
+        "K's tilt at the heads",
+        "Median over the heads and 16 fixed random directions orthogonal to span{Θ_i} of the "
+        "largest angle by which a true head can turn that way and still satisfy every "
+        "constraint of K: K's resolution at the heads (0 when a head is outside K).",
+        "rad",
+    ),
     # the sculpt study (experiments.sculpt)
     "false_accept": Meta(
         "false accept",

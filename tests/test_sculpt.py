@@ -45,6 +45,8 @@ def test_sculpt_flags_times_and_onsets(tiny_results):
     for method in cl.SPAN_METHODS:
         angle = ds[f"span_angle_{method}"].values
         assert np.all((angle >= 0) & (angle <= np.pi / 2 + 1e-9)), method
+    tilt = ds["k_tilt"].values  # K's tilt at the heads (checked against a loop in test_chen_li)
+    assert np.all((tilt >= 0) & (tilt <= np.pi / 2))
     seconds = ds["phase_seconds"]
     assert list(seconds["phase"].values) == list(PHASES)
     assert np.all(np.isfinite(seconds)) and np.all(seconds > 0)

@@ -6,12 +6,15 @@ Per teacher, from one run of the pipeline in its **pure** mode (the search insid
 span, W by least squares, no unrestricted polish — so the convex phases must do the work):
 the crude and refined ΣW errors (phases 1–2), the certified rows, the share of them that are
 sound and whether every true head lies inside K (phase 3), K's min-norm point's share inside
-span{Θ_i} and the largest principal angle of the span estimate of **every** span method from the
-same K (phase 4; the search uses ``span_method``), and pure-mode recovery with the certificate's
-acceptance, false accepts (accepted, not recovered) and false rejects (recovered, not accepted)
-(phase 5). Per cell, the seconds per teacher of each phase (warm, on ``timing_instances``
-teachers, after the run). Derived (:meth:`Sculpt.derive`): the onset of each phase — the
-smallest N of the grid from which its criterion holds at every larger N of the grid.
+span{Θ_i}, the largest principal angle of the span estimate of **every** span method from the
+same K (phase 4; the search uses ``span_method``) and K's tilt at the heads
+(:func:`~mhalearn.metrics.recovery.constraint_tilt`: how far a true head can turn inside K
+away from the span, the resolution a method querying K alone works against), and pure-mode
+recovery with the certificate's acceptance, false accepts (accepted, not recovered) and false
+rejects (recovered, not accepted) (phase 5). Per cell, the seconds per teacher of each phase
+(warm, on ``timing_instances`` teachers, after the run). Derived (:meth:`Sculpt.derive`): the
+onset of each phase — the smallest N of the grid from which its criterion holds at every larger
+N of the grid.
 """
 
 from __future__ import annotations
@@ -274,7 +277,8 @@ class Sculpt(Study):
         table = ds[onsets].to_dataframe().to_string(float_format=lambda v: f"{v:g}")
         rates = ds[["success", "info_accepted", "false_accept", "false_reject"]]
         share = rates.mean("instance").to_dataframe().to_string(float_format="{:.3f}".format)
-        angles = ds[[f"span_angle_{m}" for m in cl.SPAN_METHODS if f"span_angle_{m}" in ds]]
+        names = [f"span_angle_{m}" for m in cl.SPAN_METHODS] + ["k_tilt"]
+        angles = ds[[name for name in names if name in ds]]
         median = angles.median("instance").to_dataframe().to_string(float_format="{:.3f}".format)
         seconds = ds["phase_seconds"].to_series().unstack("phase").to_string()
         return (
@@ -284,7 +288,7 @@ class Sculpt(Study):
             f"{table}\n"
             f"pure-mode recovery, acceptance, false accepts and rejects (share of "
             f"{ds.sizes['instance']} teachers):\n{share}\n"
-            f"median span angle (rad) of each method:\n{median}\n"
+            f"median span angle (rad) of each method, and K's tilt at the heads:\n{median}\n"
             f"seconds per teacher of each phase:\n{seconds}"
         )
 
@@ -323,6 +327,8 @@ class Sculpt(Study):
                 plots.band(
                     axes[2, j], one[f"span_angle_{method}"], "samples", f"span: {method}", **kw
                 )
+            if "k_tilt" in one:
+                plots.band(axes[2, j], one["k_tilt"], "samples", "K's tilt at the heads", color="k")
             axes[2, j].axhline(0.1, color="k", linestyle="--", linewidth=0.8)
             axes[0, j].set(title=f"heads m = {h}", ylabel="ΣW relative error", yscale="log")
             axes[1, j].set(ylabel="truth inside K (share)", ylim=(-0.05, 1.05))
@@ -340,7 +346,10 @@ class Sculpt(Study):
             "(crude M₀ dotted), band: interquartile range. Row 2: share of teachers whose every "
             "head satisfies every constraint of K (Wilson 95% bars). Row 3: median largest "
             "principal angle from span{Θ_i} to each method's span estimate, from the same K, "
-            "band: IQR; dashed: the 0.1-rad target. Rows 4–5: pure mode — the search inside the "
+            "band: IQR; black: how far a true head can tilt inside K in a random direction "
+            "orthogonal to the span (median over heads and 16 directions) — K's resolution at "
+            "the heads, which a span estimate from K alone cannot be expected to beat; dashed: "
+            "the 0.1-rad target. Rows 4–5: pure mode — the search inside the "
             f"span by {config.get('span_method', '?')} ({config.get('candidates', '?')} "
             f"candidates × 20 LM iterations on the first {config.get('search_samples', '?')} "
             "samples), W by least squares, no unrestricted polish: median largest relative "

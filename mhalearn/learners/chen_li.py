@@ -476,6 +476,12 @@ def span_estimate(
       polytope's own extent is what principal directions about the mean see first. The angle
       of p itself to the span then bounds the estimate's.
 
+    No method can place the span closer than K's own resolution at the heads — how far a head
+    can turn away from the span and still satisfy every constraint
+    (:func:`~mhalearn.metrics.recovery.constraint_tilt`, reported as ``k_tilt``). Certified
+    rows are those where every head's attention is nearly one-hot, so their margins in units
+    of ‖Θ_i‖ shrink like 1/β: the span phase needs sharp attention (measured in notebook 03).
+
     Why these should find the span (our reconstruction): K's constraints depend on Θ only
     through the heads' margins, so K is (approximately, for random inputs) symmetric under
     rotations that fix span{Θ_i}; a query whose answer is built from K alone (a min-norm

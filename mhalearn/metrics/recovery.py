@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import optax
 from jaxtyping import Array, Bool, Float, Int
 
+from mhalearn import draws
 from mhalearn.data import same_token
 from mhalearn.kernels import attention_weights
 from mhalearn.losses import logistic_loss, zero_one_error
@@ -138,6 +139,19 @@ def certified_soundness(
     return jnp.where(n_cert > 0, jnp.sum(good & certified) / jnp.maximum(n_cert, 1), jnp.nan)
 
 
+def constraint_margins(
+    X: Float[Array, "samples tokens dim"],
+    token: Int[Array, "samples tokens"],
+    theta: Float[Array, "dim dim"],
+) -> tuple[Float[Array, "samples tokens tokens"], Bool[Array, "samples tokens tokens"]]:
+    """x_aᵀΘ(x_b − x_c) for every row a (b = ``token[n, a]``) and token c of sample n, and
+    whether token c's value differs from x_b's (the constraints a certified row gives)."""
+    scores = jnp.einsum("nad,de,nce->nac", X, theta, X)  # x_aᵀΘ x_c
+    margins = jnp.take_along_axis(scores, token[..., None], axis=-1) - scores
+    other = ~jnp.take_along_axis(same_token(X), token[..., None], axis=1)  # (n, a, c)
+    return margins, other
+
+
 def truth_in_constraints(
     X: Float[Array, "samples tokens dim"],
     rows: Bool[Array, "samples tokens"],
@@ -148,11 +162,50 @@ def truth_in_constraints(
     """Whether every head satisfies the constraints of every row in ``rows`` (row a of sample
     n, certified to attend to token ``token``): x_aᵀΘ_i(x_b − x_c) ≥ log((1−δ)/δ) for every
     token c whose value differs from x_b's. True when ``rows`` is empty."""
-    scores = jnp.einsum("nad,hde,nce->nhac", X, theta, X)  # x_aᵀΘ_i x_c
-    best = jnp.take_along_axis(scores, token[:, None, :, None], axis=-1)  # (n, h, a, 1)
-    other = ~jnp.take_along_axis(same_token(X), token[..., None], axis=1)  # (n, a, c)
-    ok = (best - scores >= jnp.log((1 - delta) / delta)) | ~other[:, None]
-    return jnp.all(ok | ~rows[:, None, :, None])
+    margins, other = jax.vmap(constraint_margins, in_axes=(None, None, 0))(X, token, theta)
+    ok = (margins >= jnp.log((1 - delta) / delta)) | ~other
+    return jnp.all(ok | ~rows[None, :, :, None])
+
+
+def constraint_tilt(
+    X: Float[Array, "samples tokens dim"],
+    rows: Bool[Array, "samples tokens"],
+    token: Int[Array, "samples tokens"],
+    theta: Float[Array, "heads dim dim"],
+    delta: Float[Array, ""],
+    directions: Float[Array, "directions dim dim"],
+) -> Float[Array, "heads directions"]:
+    """How far each head can tilt inside the polyhedron K of the rows' constraints (those of
+    :func:`truth_in_constraints`): for each direction E, made orthogonal to span{Θ_i} and of
+    unit norm (Ê), the angle atan(s) of the largest s ≥ 0 with Θ_i + s‖Θ_i‖Ê still satisfying
+    every constraint — π/2 when none bounds it, 0 when Θ_i itself violates one. The resolution
+    of K at the heads: a head tilted that far is as consistent with the certified rows as the
+    head itself, so a span estimate built from K alone has nothing that places it closer."""
+    heads = theta.shape[0]
+    flat = theta.reshape(heads, -1)
+    q, _ = jnp.linalg.qr(flat.T)
+    E = directions.reshape(directions.shape[0], -1)
+    E = E - (E @ q) @ q.T
+    E = E / jnp.maximum(jnp.linalg.norm(E, axis=1, keepdims=True), _tiny(E))
+    E = E.reshape(directions.shape)
+    slack, other = jax.vmap(constraint_margins, in_axes=(None, None, 0))(X, token, theta)
+    slack = slack - jnp.log((1 - delta) / delta)  # (heads, n, a, c)
+    valid = other[0] & rows[..., None]
+    norms = jnp.linalg.norm(flat, axis=1)
+
+    def one(direction):  # (heads,)
+        rate, _ = constraint_margins(X, token, direction)
+        binds = valid & (rate < 0)
+        ratio = slack / jnp.where(binds, -rate, 1.0)
+        s = jnp.min(jnp.where(binds, ratio, jnp.inf), axis=(1, 2, 3))
+        s = jnp.where(jnp.any(valid & (slack < 0), axis=(1, 2, 3)), 0.0, s)
+        return jnp.arctan(jnp.maximum(s, 0.0) / jnp.maximum(norms, _tiny(norms)))
+
+    return jax.lax.map(one, E).T
+
+
+#: random directions (fixed) along which :func:`estimate_errors` measures K's tilt at the heads
+TILT_DIRECTIONS = 16
 
 
 def estimate_errors(
@@ -169,7 +222,9 @@ def estimate_errors(
     - ``certified``, ``certified_token``, ``certified_delta`` (certified rows) →
       ``certified_sound``: :func:`certified_soundness`; with ``in_k`` (the certified rows whose
       constraints a convex body K holds) → ``truth_in_k``: 1 when every true head satisfies every
-      one of them, ⟨Θ_i, x_a(x_b − x_c)ᵀ⟩ ≥ log((1−δ)/δ) for every token c of another value.
+      one of them, ⟨Θ_i, x_a(x_b − x_c)ᵀ⟩ ≥ log((1−δ)/δ) for every token c of another value;
+      and ``k_tilt``: the median over heads and :data:`TILT_DIRECTIONS` fixed random directions
+      of :func:`constraint_tilt` (K's resolution at the heads, radians).
     """
     sum_true = jnp.sum(teacher.W, axis=0)
     flat = teacher.theta.reshape(teacher.theta.shape[0], -1)
@@ -206,6 +261,17 @@ def estimate_errors(
             teacher.theta,
             estimates["certified_delta"],
         )
+        d = X.shape[-1]
+        directions = draws.normal(jax.random.key(0), (TILT_DIRECTIONS, d, d), X.dtype)
+        tilt = constraint_tilt(
+            X,
+            estimates["in_k"],
+            estimates["certified_token"],
+            teacher.theta,
+            estimates["certified_delta"],
+            directions,
+        )
+        out["k_tilt"] = jnp.median(tilt)
     return out
 
 

@@ -8,7 +8,11 @@ import scipy.optimize
 
 import mhalearn as mh
 from mhalearn.learners import chen_li as cl
-from mhalearn.metrics.recovery import largest_principal_angle, truth_in_constraints
+from mhalearn.metrics.recovery import (
+    constraint_tilt,
+    largest_principal_angle,
+    truth_in_constraints,
+)
 
 CONFIG = cl.ChenLiConfig()
 
@@ -310,6 +314,8 @@ def test_every_span_method_runs_in_the_pipeline_and_is_scored():
         res.metrics["span_angle_estimate"], res.metrics["span_angle_subsets"], atol=1e-12
     )
     assert set(np.unique(res.metrics["truth_in_k"])) <= {0, 1}
+    tilt = res.metrics["k_tilt"]
+    assert np.all((tilt >= 0) & (tilt <= np.pi / 2))
 
 
 def test_truth_in_constraints_equals_a_loop_reference(rng):
@@ -330,6 +336,65 @@ def test_truth_in_constraints_equals_a_loop_reference(rng):
     got = truth_in_constraints(X, rows, token, theta, jnp.asarray(delta))
     assert bool(got) == bool(ok)
     assert bool(truth_in_constraints(X, np.zeros_like(rows), token, theta, 0.2))
+
+
+def _inside(X, rows, token, theta, bound):
+    """Loop reference: does the one head ``theta`` satisfy every constraint of ``rows``?"""
+    for n, a in zip(*np.nonzero(rows), strict=True):
+        b = token[n, a]
+        for c in range(X.shape[1]):
+            if not np.array_equal(X[n, c], X[n, b]):
+                if X[n, a] @ theta @ (X[n, b] - X[n, c]) < bound:
+                    return False
+    return True
+
+
+def test_constraint_tilt_equals_a_bisection_on_the_loop_reference(rng):
+    X = rng.choice([-1.0, 1.0], size=(40, 3, 3))
+    theta = rng.standard_normal((2, 3, 3)) * 4
+    token = rng.integers(0, 3, size=(40, 3))
+    delta = 0.2
+    bound = np.log((1 - delta) / delta)
+
+    def one_row(n, a):
+        row = np.zeros((40, 3), bool)
+        row[n, a] = True
+        return row
+
+    # each row's constraints held by head 0 only, by head 1 only, or by both (sound rows)
+    held = np.array(
+        [
+            [[_inside(X, one_row(n, a), token, h, bound) for a in range(3)] for n in range(40)]
+            for h in theta
+        ]
+    )
+    rows = held[0] & held[1]
+    assert rows.sum() >= 5 and (held[0] & ~held[1]).any()
+    directions = rng.standard_normal((4, 3, 3))
+    got = np.asarray(constraint_tilt(X, rows, token, theta, jnp.asarray(delta), directions))
+    assert got.shape == (2, 4)
+    q, _ = np.linalg.qr(theta.reshape(2, -1).T)
+    for j, E in enumerate(directions.reshape(4, -1)):
+        E = E - q @ (q.T @ E)
+        E = (E / np.linalg.norm(E)).reshape(3, 3)
+        for i in range(2):
+            size = np.linalg.norm(theta[i])
+            lo, hi = 0.0, 1e6
+            if _inside(X, rows, token, theta[i] + hi * size * E, bound):
+                expected = np.pi / 2  # no constraint bounds this direction
+            else:
+                for _ in range(200):
+                    mid = (lo + hi) / 2
+                    ok = _inside(X, rows, token, theta[i] + mid * size * E, bound)
+                    lo, hi = (mid, hi) if ok else (lo, mid)
+                expected = np.arctan(lo)
+            assert got[i, j] == pytest.approx(expected, abs=1e-7)
+    assert np.all((got > 0) & (got < np.pi / 2))  # sound rows bound the tilt, with room
+    # a row that head 1 violates: head 1 is outside K and cannot tilt; head 0 still can
+    outside = rows | (held[0] & ~held[1])
+    tilt = np.asarray(constraint_tilt(X, outside, token, theta, jnp.asarray(delta), directions))
+    np.testing.assert_array_equal(tilt[1], 0.0)
+    assert np.all(tilt[0] > 0)
 
 
 @pytest.mark.parametrize("first", [1.0, -1.0, 0.0, 0.3])
