@@ -35,6 +35,7 @@ from mhalearn.batch import Engine
 from mhalearn.experiments.base import Study, product_grid, register_study, results_dataset
 from mhalearn.learners import chen_li as cl
 from mhalearn.learners.varpro import VarProConfig
+from mhalearn.metrics.recovery import TILT_DIRECTIONS
 from mhalearn.simulate import simulate
 from mhalearn.tasks import RegressionTask
 from mhalearn.teachers import TeacherSpec
@@ -347,8 +348,9 @@ class Sculpt(Study):
             "head satisfies every constraint of K (Wilson 95% bars). Row 3: median largest "
             "principal angle from span{Θ_i} to each method's span estimate, from the same K, "
             "band: IQR; black: how far a true head can tilt inside K in a random direction "
-            "orthogonal to the span (median over heads and 16 directions) — K's resolution at "
-            "the heads, which a span estimate from K alone cannot be expected to beat; dashed: "
+            f"orthogonal to the span (median over heads and {TILT_DIRECTIONS} directions) — K's "
+            "resolution at the heads, which a span estimate from K alone cannot be expected to "
+            "beat; dashed: "
             "the 0.1-rad target. Rows 4–5: pure mode — the search inside the "
             f"span by {config.get('span_method', '?')} ({config.get('candidates', '?')} "
             f"candidates × 20 LM iterations on the first {config.get('search_samples', '?')} "
