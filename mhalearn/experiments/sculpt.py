@@ -213,7 +213,7 @@ class Sculpt(Study):
             max_rows=self.max_rows,
             qp_iterations=self.qp_iterations,
             candidates=self.candidates,
-            candidate=VarProConfig(iterations=20, restarts=1),
+            candidate=VarProConfig(iterations=20, restarts=1, stall_tol=cl.PURE_STALL),
             search_samples=self.search_samples,
         )
 

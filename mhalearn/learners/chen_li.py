@@ -56,6 +56,9 @@ from mhalearn.solvers import box_qp, ridge_solve
 
 #: what follows the search inside the span (:func:`search_in_span`)
 MODES = ("polished", "pure")
+#: the pure mode's candidates stop once stalled (``VarProConfig.stall_tol``): inside an
+#: inexact span the restricted minimum is no fit, and the rest of the budget would not move it
+PURE_STALL = 1e-6
 
 
 class ChenLiConfig(eqx.Module):
@@ -617,7 +620,9 @@ register_learner("chen_li", lambda steps: ChenLiConfig(), describe)
 register_learner(
     "chen_li_pure",
     lambda steps: ChenLiConfig(
-        mode="pure", candidates=4, candidate=VarProConfig(iterations=20, restarts=1)
+        mode="pure",
+        candidates=4,
+        candidate=VarProConfig(iterations=20, restarts=1, stall_tol=PURE_STALL),
     ),
     describe,
 )

@@ -26,12 +26,16 @@ from jaxtyping import Array, Float, PRNGKeyArray
 
 from mhalearn._validate import choice, in_range, positive_int
 from mhalearn.kernels import attention_weights
+from mhalearn.layer import layer_outputs
 from mhalearn.learners.base import Fit, Monitor, fit_from_history, nan_last
 from mhalearn.learners.linear import design, solve_values
 from mhalearn.learners.registry import register_learner
 from mhalearn.params import LayerParams
 from mhalearn.problems import RegressionProblem
 from mhalearn.solvers import ridge_solve
+
+#: iterations in a row without a relative decrease above ``stall_tol`` that stop a start
+STALL_PATIENCE = 3
 
 
 class VarProConfig(eqx.Module):
@@ -47,7 +51,11 @@ class VarProConfig(eqx.Module):
     rows). ``products="float32"`` (the default) builds it in float32 — it only sets the
     step; the residual and the cost that accepts a step stay in the problem's precision, and
     the fits reach the same ~1e-20 costs in the same number of iterations, faster
-    (benchmarks/recovery_speed.py) — ``None`` in the problem's precision."""
+    (benchmarks/recovery_speed.py) — ``None`` in the problem's precision. ``stall_tol``
+    (``None``: never) also stops a start once, after its cost first fell,
+    :data:`STALL_PATIENCE` iterations in a row lowered it by less than that fraction: a start
+    stuck at a point that does not fit (the search inside an inexact span, whose minimum is
+    not a fit) stops instead of running out its budget."""
 
     iterations: int = eqx.field(static=True, default=30)
     restarts: int = eqx.field(static=True, default=4)
@@ -57,6 +65,7 @@ class VarProConfig(eqx.Module):
     tol: float | Array = 1e-20
     products: str | None = eqx.field(static=True, default="float32")
     steps_per_system: int = eqx.field(static=True, default=2)
+    stall_tol: float | None = eqx.field(static=True, default=None)
 
     def __check_init__(self):
         positive_int("iterations", self.iterations)
@@ -69,6 +78,8 @@ class VarProConfig(eqx.Module):
         in_range("tol", self.tol, 0.0)
         if self.products is not None:
             choice("products", self.products, ("float32",))
+        if self.stall_tol is not None:
+            in_range("stall_tol", self.stall_tol, 0.0)
 
     problems = (RegressionProblem,)
 
@@ -219,6 +230,52 @@ def gauss_newton_system(
     return H, g
 
 
+def restricted_system(
+    problem: RegressionProblem,
+    theta,
+    W,
+    basis: Float[Array, "params coefficients"],
+    sample_chunk: int | None = None,
+):
+    """(BᵀJ_KᵀJ_K B, BᵀJ_Kᵀr): :func:`gauss_newton_system` restricted to span(B) (B:
+    ``basis``), from the residual's derivative along each column b of B with W held, J_Θb (one
+    forward-mode pass per column), projected off the range of the design Z:
+
+        BᵀJ_KᵀJ_K B = Σ_e (J_Θ B)_eᵀ(J_Θ B)_e − (Zᵀ(J_Θ B)_e)ᵀ (ZᵀZ)⁻¹ Zᵀ(J_Θ B)_e
+
+    — as many passes as columns instead of the full P × P system, accumulated over
+    ``sample_chunk`` samples at a time (memory independent of the number of samples), in the
+    problem's precision."""
+    X = problem.X
+    n, T, d = X.shape
+    chunk = min(sample_chunk or max(1, 512 // T), n)
+    # padding samples are all-zero tokens: their outputs, derivatives and design rows are zero
+    Xp = jnp.concatenate([X, jnp.zeros(((-n) % chunk, T, d), X.dtype)]).reshape(-1, chunk, T, d)
+    width = theta.shape[0] * d  # columns of the design
+
+    def body(acc, x):
+        def along(b):  # J_Θ b on this chunk, (rows, d)
+            tangent = b.reshape(theta.shape)
+            return jax.jvp(lambda t: layer_outputs(x, t, W), (theta,), (tangent,))[1].reshape(-1, d)
+
+        J = jax.vmap(along, in_axes=1)(basis)  # (columns, rows, d)
+        Z = design(x, theta)  # (rows, width)
+        JJ, ZJ, ZZ = acc
+        JJ = JJ + jnp.einsum("crd,srd->cs", J, J)
+        return (JJ, ZJ + jnp.einsum("rk,crd->kcd", Z, J), ZZ + Z.T @ Z), None
+
+    cols = basis.shape[1]
+    zeros = (
+        jnp.zeros((cols, cols), X.dtype),
+        jnp.zeros((width, cols, d), X.dtype),
+        jnp.zeros((width, width), X.dtype),
+    )
+    (JJ, ZJ, ZZ), _ = jax.lax.scan(body, zeros, Xp)
+    coef = ridge_solve(ZZ, ZJ.reshape(width, -1), 1e-12).reshape(ZJ.shape)
+    H = JJ - jnp.einsum("kcd,ksd->cs", ZJ, coef)
+    return H, basis.T @ reduced_gradient(problem, theta, W)
+
+
 def levenberg_marquardt(
     problem: RegressionProblem,
     theta0,
@@ -226,7 +283,9 @@ def levenberg_marquardt(
     basis: Float[Array, "params coefficients"] | None = None,
 ):
     """LM on the reduced cost from ``theta0``; with ``basis`` (columns in flattened-Θ space),
-    the steps stay in its span (Θ − Θ₀ ∈ span(basis)).
+    the steps stay in its span (Θ − Θ₀ ∈ span(basis)), their system from
+    :func:`restricted_system` (in the problem's precision: ``products`` applies to the full
+    system only).
 
     Returns (Θ, W, cost after each iteration — held at its last value once stopped —,
     converged, iterations done).
@@ -236,8 +295,8 @@ def levenberg_marquardt(
     history0 = jnp.full(config.iterations + 1, cost0)
 
     def running(carry):
-        i, *_, done, _ = carry
-        return (i < config.iterations) & ~done
+        i, *_, done, _, stalled = carry
+        return (i < config.iterations) & ~done & (stalled < STALL_PATIENCE)
 
     def project(g):
         return g if basis is None else basis.T @ g
@@ -252,11 +311,12 @@ def levenberg_marquardt(
         return better, theta, jnp.where(better, new_W, W), jnp.where(better, new_cost, cost)
 
     def step(carry):
-        i, theta, W, cost, mu, history, _, _ = carry
+        i, theta, W, cost, mu, history, _, _, stalled = carry
         start_cost = cost
-        H, g = gauss_newton_system(problem, theta, W, config.sample_chunk, config.products)
-        if basis is not None:
-            H, g = basis.T @ H @ basis, basis.T @ g
+        if basis is None:
+            H, g = gauss_newton_system(problem, theta, W, config.sample_chunk, config.products)
+        else:
+            H, g = restricted_system(problem, theta, W, basis, config.sample_chunk)
         diag = jnp.diag(H)
         A = H + mu * (diag + 1e-12 * jnp.mean(diag)) * jnp.eye(H.shape[0], dtype=H.dtype)
         lu = jax.scipy.linalg.lu_factor(A)
@@ -283,11 +343,16 @@ def levenberg_marquardt(
         # rejection only ends the reuse)
         mu = jnp.where(cost < start_cost, mu / 3, mu * 2)
         history = jnp.where(jnp.arange(history.shape[0]) > i, cost, history)
-        return i + 1, theta, W, cost, mu, history, cost <= config.tol * size, i + 1
+        if config.stall_tol is not None:
+            # counted once the start has made progress (early rejections only raise damping)
+            slow = (start_cost - cost <= config.stall_tol * start_cost) & (cost < cost0)
+            stalled = jnp.where(slow, stalled + 1, 0)
+        done = cost <= config.tol * size
+        return i + 1, theta, W, cost, mu, history, done, i + 1, stalled
 
     mu0 = jnp.asarray(config.damping, theta0.dtype)
-    init = (0, theta0, W0, cost0, mu0, history0, cost0 <= config.tol * size, 0)
-    _, theta, W, _, _, history, done, iters = jax.lax.while_loop(running, step, init)
+    init = (0, theta0, W0, cost0, mu0, history0, cost0 <= config.tol * size, 0, 0)
+    _, theta, W, _, _, history, done, iters, _ = jax.lax.while_loop(running, step, init)
     return theta, W, history, done, iters
 
 

@@ -50,6 +50,32 @@ def test_gauss_newton_system_is_kaufman_projection(rng):
     np.testing.assert_allclose(np.asarray(grad).reshape(-1) * r.size / 2, g, rtol=1e-6, atol=1e-9)
 
 
+def test_restricted_system_is_the_full_system_seen_through_the_basis(rng):
+    problem, theta = small_problem(rng)
+    W = linear.solve_values(problem.X, problem.Y, theta, ridge=0.0)
+    H, g = varpro.gauss_newton_system(problem, theta, W, sample_chunk=5)  # checked above
+    basis = rng.standard_normal((theta.size, 3))
+    for chunk in (5, 12):  # 12 = 5 + 5 + 2 (padded), and all at once
+        Hb, gb = varpro.restricted_system(problem, theta, W, jnp.asarray(basis), chunk)
+        np.testing.assert_allclose(Hb, basis.T @ H @ basis, rtol=1e-7, atol=1e-9)
+        np.testing.assert_allclose(gb, basis.T @ g, rtol=1e-9, atol=1e-11)
+
+
+def test_a_stalled_start_stops_early_at_the_same_cost():
+    # LM restricted to a random 4-dimensional subspace of Θ: its minimum there is no fit, so
+    # without the stall test it runs out its budget
+    task = mh.RegressionTask(teacher=mh.TeacherSpec(heads=2, dim=4, tokens=3), samples=200)
+    _, problem = task.sample(jax.random.key(0))
+    basis = jnp.asarray(np.random.default_rng(0).standard_normal((32, 4)))
+    theta0 = (basis @ jnp.ones(4)).reshape(2, 4, 4)
+    full = varpro.levenberg_marquardt(problem, theta0, varpro.VarProConfig(iterations=40), basis)
+    stall = varpro.VarProConfig(iterations=40, stall_tol=1e-9)
+    short = varpro.levenberg_marquardt(problem, theta0, stall, basis)
+    assert int(full[4]) == 40 and not bool(full[3])  # ran out its budget, not a fit
+    assert int(short[4]) < 40 and not bool(short[3])  # stopped early, still not a fit
+    np.testing.assert_allclose(short[2][-1], full[2][-1], rtol=1e-6)
+
+
 def test_variable_projection_recovers_random_teachers():
     # (dim, tokens, heads) = (8, 4, 2), β = 4, float64: ≥ 90% of 32 teachers recovered
     task = mh.RegressionTask(
