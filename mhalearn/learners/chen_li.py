@@ -49,7 +49,7 @@ from mhalearn._validate import choice, in_range, positive_int
 from mhalearn.data import same_token
 from mhalearn.learners.base import Fit, Monitor, fit_from_history, nan_last
 from mhalearn.learners.registry import register_learner
-from mhalearn.learners.varpro import VarProConfig, levenberg_marquardt
+from mhalearn.learners.varpro import STALL_PATIENCE, VarProConfig, levenberg_marquardt
 from mhalearn.params import LayerParams
 from mhalearn.problems import RegressionProblem
 from mhalearn.solvers import box_qp, ridge_solve
@@ -479,8 +479,9 @@ def span_estimate(
       polytope's own extent is what principal directions about the mean see first. The angle
       of p itself to the span then bounds the estimate's.
 
-    No method can place the span closer than K's own resolution at the heads — how far a head
-    can turn away from the span and still satisfy every constraint
+    A method that queries K alone has nothing that places the span closer than K's own
+    resolution at the heads — how far a head can turn away from the span and still satisfy
+    every constraint
     (:func:`~mhalearn.metrics.recovery.constraint_tilt`, reported as ``k_tilt``). Certified
     rows are those where every head's attention is nearly one-hot, so their margins in units
     of ‖Θ_i‖ shrink like 1/β: the span phase needs sharp attention (measured in notebook 03).
@@ -611,6 +612,11 @@ def describe(config: ChenLiConfig) -> str:
         f"certify-and-sculpt (phases 1–5), span by {config.span_method}, {config.candidates} "
         f"candidates × {config.candidate.iterations} it. inside the span"
     )
+    if config.candidate.stall_tol is not None:
+        search += (
+            f" (each stops once {STALL_PATIENCE} iterations in a row lower the cost by < "
+            f"{config.candidate.stall_tol:g} relative)"
+        )
     if config.mode == "pure":
         return search + ", pure (no polish)"
     return search + f", then a {config.polish.iterations}-it. VarPro polish"
