@@ -143,6 +143,16 @@ def reduced_gradient(problem: RegressionProblem, theta, W) -> Float[Array, " par
     return grads.theta.reshape(-1) * (problem.Y.size / 2)
 
 
+def _sample_chunks(arrays, sample_chunk: int | None):
+    """Each (samples, tokens, dim) array zero-padded to a multiple of the chunk and split into
+    (chunks, chunk, tokens, dim) — the chunk ``sample_chunk`` samples, ``None``: about 512
+    (sample, token) rows — and the chunk size."""
+    n, T, d = arrays[0].shape
+    chunk = min(sample_chunk or max(1, 512 // T), n)
+    pad = jnp.zeros(((-n) % chunk, T, d), arrays[0].dtype)
+    return tuple(jnp.concatenate([a, pad]).reshape(-1, chunk, T, d) for a in arrays), chunk
+
+
 def gauss_newton_system(
     problem: RegressionProblem,
     theta,
@@ -168,15 +178,12 @@ def gauss_newton_system(
     by that factor (the residual, and the cost that accepts a step, stay in the problem's
     precision)."""
     X, Y = problem.X, problem.Y
-    n, T, d = X.shape
+    _, T, d = X.shape
     m = theta.shape[0]
     P = theta.size
-    chunk = min(sample_chunk or max(1, 512 // T), n)
-    rows = chunk * T
     # padding samples are all-zero tokens: their K, x̄, C and residual are exactly zero
-    pad = (-n) % chunk
-    Xp = jnp.concatenate([X, jnp.zeros((pad, T, d), X.dtype)]).reshape(-1, chunk, T, d)
-    Yp = jnp.concatenate([Y, jnp.zeros((pad, T, d), Y.dtype)]).reshape(-1, chunk, T, d)
+    (Xp, Yp), chunk = _sample_chunks((X, Y), sample_chunk)
+    rows = chunk * T
     dp, dq, d_pair = _pairs(d)
     hi, hj, h_pair = _pairs(m)
     low = X.dtype if products is None else jnp.dtype(products)
@@ -247,10 +254,9 @@ def restricted_system(
     ``sample_chunk`` samples at a time (memory independent of the number of samples), in the
     problem's precision."""
     X = problem.X
-    n, T, d = X.shape
-    chunk = min(sample_chunk or max(1, 512 // T), n)
+    d = X.shape[-1]
     # padding samples are all-zero tokens: their outputs, derivatives and design rows are zero
-    Xp = jnp.concatenate([X, jnp.zeros(((-n) % chunk, T, d), X.dtype)]).reshape(-1, chunk, T, d)
+    (Xp,), _ = _sample_chunks((X,), sample_chunk)
     width = theta.shape[0] * d  # columns of the design
 
     def body(acc, x):
