@@ -86,8 +86,8 @@ def quantities(data: mh.Mixture, problem: mh.ClassificationProblem) -> dict:
     return {
         "ntk_gram": gram,
         "ntk_margin": lambda p: theory.svm_margin(gram(p), data.y, 2000).margin,
-        "hessian_norm": lambda p: theory.hessian_spectral_norm(problem.loss, p, key, 50),
-        "weak_convexity": lambda p: theory.weak_convexity_ratio(problem.loss, p, key, 50),
+        "hessian_norm": lambda p: theory.hessian_spectral_norm(problem.loss, p, key),
+        "weak_convexity": lambda p: theory.weak_convexity_ratio(problem.loss, p, key),
         "relevant_attention": lambda p: theory.relevant_attention(p, data.X, data.relevant, spec),
     }
 

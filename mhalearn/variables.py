@@ -252,7 +252,7 @@ VARIABLES: dict[str, Meta] = {
         "largest stable step size η", "The largest stable step size of the grid (0: none)."
     ),
     "hessian_norm": Meta(
-        "‖∇²L̂(θ₀)‖", "Spectral norm of the training loss's Hessian at the start (power iteration)."
+        "‖∇²L̂(θ₀)‖", "Spectral norm of the training loss's Hessian at the start (Lanczos)."
     ),
     "score_hessian_norm": Meta(
         "‖∇²Φ(X; θ₀)‖",
@@ -261,7 +261,7 @@ VARIABLES: dict[str, Meta] = {
     ),
     "weak_convexity": Meta(
         "weak-convexity ratio −λ_min(∇²L̂)/L̂",
-        "−λ_min(∇²L̂(θ₀)) / L̂(θ₀) at the start (power iteration).",
+        "−λ_min(∇²L̂(θ₀)) / L̂(θ₀) at the start (Lanczos).",
     ),
     # generalisation (experiments.samples)
     "gap": Meta("generalisation gap", "Test loss minus training loss.", "nats"),

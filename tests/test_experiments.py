@@ -129,11 +129,11 @@ def test_stepsize_largest_stable_and_curvature_at_the_gd_start(tiny_results):
         ds["trace_loss"].sel(heads=2, lr=1.0, instance=1, step=0), problem.loss(start), rtol=1e-9
     )
     k1, _, k3 = jax.random.split(keys.evaluate, 3)
-    norm = theory.hessian_spectral_norm(problem.loss, start, k1, study.power_iterations)
+    norm = theory.hessian_spectral_norm(problem.loss, start, k1, study.lanczos_matvecs)
     np.testing.assert_allclose(ds["hessian_norm"].sel(heads=2, instance=1), norm, rtol=1e-9)
     scores = [
         theory.hessian_spectral_norm(
-            lambda p, x=x: problem.scores(p, x[None])[0], start, k3, study.power_iterations
+            lambda p, x=x: problem.scores(p, x[None])[0], start, k3, study.lanczos_matvecs
         )
         for x in problem.X[: study.score_samples]
     ]

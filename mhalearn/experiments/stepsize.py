@@ -25,8 +25,7 @@ class StepSize(ClassifierStudy):
     training loss never rises (by more than a relative ``rise_tol``: descent, as the smooth
     theory promises below 2/‖∇²L̂‖);
     ``largest_stable_lr`` is the largest stable one on the grid (0 if none). Also
-    ‖∇²L̂(θ₀)‖ (``hessian_norm``) and −λ_min(∇²L̂)/L̂ at θ₀ (``weak_convexity``) by power
-    iteration, and the mean over the first ``score_samples`` training sequences of ‖∇²Φ(X; θ₀)‖
+    ‖∇²L̂(θ₀)‖ (``hessian_norm``) and −λ_min(∇²L̂)/L̂ at θ₀ (``weak_convexity``) by Lanczos, and the mean over the first ``score_samples`` training sequences of ‖∇²Φ(X; θ₀)‖
     (``score_hessian_norm``), which the theory bounds by O(1/√H) under α_H = 1/√H."""
 
     name = "stepsize"
@@ -41,7 +40,7 @@ class StepSize(ClassifierStudy):
             samples=16,
             steps=10,
             instances=2,
-            power_iterations=5,
+            lanczos_matvecs=5,
             test_samples=16,
         ),
         "small": dict(
@@ -50,7 +49,7 @@ class StepSize(ClassifierStudy):
             samples=32,
             steps=20,
             instances=2,
-            power_iterations=10,
+            lanczos_matvecs=10,
             test_samples=64,
         ),
         "full": dict(
@@ -72,8 +71,8 @@ class StepSize(ClassifierStudy):
     """Full-batch GD steps per step size (the loss is logged at every step)."""
     rise_tol: float = 1e-4
     """A step size is unstable once the training loss rises by more than this, relative."""
-    power_iterations: int = 50
-    """Power iterations for the Hessian norms at the start."""
+    lanczos_matvecs: int = theory.LANCZOS_MATVECS
+    """Lanczos steps (Hessian-vector products) for the Hessians' extreme eigenvalues."""
     score_samples: int = 8
     """Training sequences over which ‖∇²Φ(X; θ₀)‖ is averaged."""
     instances: int = 4
@@ -107,7 +106,7 @@ class StepSize(ClassifierStudy):
         values, key_ids = product_grid(axes, self.instances)
         task = self.task(self.samples, max(self.heads), self.noise, active_heads=values["heads"])
         spec = {"task": task, "learner": self.learner(self.steps)}
-        iterations = self.power_iterations
+        matvecs = self.lanczos_matvecs
         n_scores = min(self.score_samples, self.samples)
 
         def one(keys: InstanceKeys, spec):
@@ -117,12 +116,12 @@ class StepSize(ClassifierStudy):
 
             def score_norm(x):
                 score = lambda p: problem.scores(p, x[None])[0]  # noqa: E731
-                return theory.hessian_spectral_norm(score, params, k3, iterations)
+                return theory.hessian_spectral_norm(score, params, k3, matvecs)
 
             metrics = {
                 "score_hessian_norm": jnp.mean(jax.vmap(score_norm)(problem.X[:n_scores])),
-                "hessian_norm": theory.hessian_spectral_norm(problem.loss, params, k1, iterations),
-                "weak_convexity": theory.weak_convexity_ratio(problem.loss, params, k2, iterations),
+                "hessian_norm": theory.hessian_spectral_norm(problem.loss, params, k1, matvecs),
+                "weak_convexity": theory.weak_convexity_ratio(problem.loss, params, k2, matvecs),
             }
             return {"metrics": metrics}
 
@@ -179,8 +178,8 @@ class StepSize(ClassifierStudy):
             "full-batch steps never raise the training loss (by more than rise_tol, relative) "
             "and stay finite; the "
             f"grid is {len(lrs)} values from {min(lrs, default=float('nan')):g} to "
-            f"{max(lrs, default=float('nan')):g}. Norms by {config.get('power_iterations', '?')} "
-            "power iterations on Hessian-vector products; the score's norm is averaged over "
+            f"{max(lrs, default=float('nan')):g}. Extreme eigenvalues by "
+            f"{config.get('lanczos_matvecs', '?')} Lanczos steps on Hessian-vector products; the score's norm is averaged over "
             f"{config.get('score_samples', '?')} training sequences."
         )
         title = (
