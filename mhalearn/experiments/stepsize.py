@@ -25,7 +25,8 @@ class StepSize(ClassifierStudy):
     training loss never rises (by more than a relative ``rise_tol``: descent, as the smooth
     theory promises below 2/‖∇²L̂‖);
     ``largest_stable_lr`` is the largest stable one on the grid (0 if none). Also
-    ‖∇²L̂(θ₀)‖ (``hessian_norm``) and −λ_min(∇²L̂)/L̂ at θ₀ (``weak_convexity``) by Lanczos, and the mean over the first ``score_samples`` training sequences of ‖∇²Φ(X; θ₀)‖
+    ‖∇²L̂(θ₀)‖ (``hessian_norm``) and −λ_min(∇²L̂)/L̂ at θ₀ (``weak_convexity``) by Lanczos, and the mean over the first ``score_samples`` training
+    sequences of ‖∇²Φ(X; θ₀)‖
     (``score_hessian_norm``), which the theory bounds by O(1/√H) under α_H = 1/√H."""
 
     name = "stepsize"
@@ -179,7 +180,8 @@ class StepSize(ClassifierStudy):
             "and stay finite; the "
             f"grid is {len(lrs)} values from {min(lrs, default=float('nan')):g} to "
             f"{max(lrs, default=float('nan')):g}. Extreme eigenvalues by "
-            f"{config.get('lanczos_matvecs', '?')} Lanczos steps on Hessian-vector products; the score's norm is averaged over "
+            f"{config.get('lanczos_matvecs', '?')} Lanczos steps on Hessian-vector products; the "
+            "score's norm is averaged over "
             f"{config.get('score_samples', '?')} training sequences."
         )
         title = (
