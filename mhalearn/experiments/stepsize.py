@@ -25,8 +25,8 @@ class StepSize(ClassifierStudy):
     training loss never rises (by more than a relative ``rise_tol``: descent, as the smooth
     theory promises below 2/‖∇²L̂‖);
     ``largest_stable_lr`` is the largest stable one on the grid (0 if none). Also
-    ‖∇²L̂(θ₀)‖ (``hessian_norm``) and −λ_min(∇²L̂)/L̂ at θ₀ (``weak_convexity``) by Lanczos, and the mean over the first ``score_samples`` training
-    sequences of ‖∇²Φ(X; θ₀)‖
+    ‖∇²L̂(θ₀)‖ (``hessian_norm``) and −λ_min(∇²L̂)/L̂ at θ₀ (``weak_convexity``) by
+    Lanczos, and the mean over the first ``score_samples`` training sequences of ‖∇²Φ(X; θ₀)‖
     (``score_hessian_norm``), which the theory bounds by O(1/√H) under α_H = 1/√H."""
 
     name = "stepsize"

@@ -151,9 +151,7 @@ def lanczos_tridiagonal(
 
     Q = jnp.zeros((depth + 1, p), dtype).at[0].set(unit(draws.normal(k_start, (p,), dtype)))
     zeros = jnp.zeros(depth, dtype)
-    _, alpha, beta, _ = jax.lax.fori_loop(
-        0, depth, body, (Q, zeros, zeros, jnp.zeros((), dtype))
-    )
+    _, alpha, beta, _ = jax.lax.fori_loop(0, depth, body, (Q, zeros, zeros, jnp.zeros((), dtype)))
     T = jnp.diag(alpha) + jnp.diag(beta[:-1], 1) + jnp.diag(beta[:-1], -1)
     return T, beta[-1]
 

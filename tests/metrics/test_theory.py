@@ -86,8 +86,9 @@ def test_lanczos_extremes_equal_a_dense_hessian_score(rng):
     eig = np.linalg.eigvalsh(np.asarray(jax.hessian(lambda v: f(unravel(v)))(flat)))
     got = theory.hessian_extremes(f, params, jax.random.key(0))  # depth clipped to 36 here
     np.testing.assert_allclose([got.low, got.high], [eig.min(), eig.max()], rtol=1e-9)
-    np.testing.assert_allclose(theory.hessian_spectral_norm(f, params, jax.random.key(0)),
-                               np.abs(eig).max(), rtol=1e-9)
+    np.testing.assert_allclose(
+        theory.hessian_spectral_norm(f, params, jax.random.key(0)), np.abs(eig).max(), rtol=1e-9
+    )
 
 
 @pytest.mark.parametrize("depth", [10, 30])
@@ -120,13 +121,16 @@ def test_lanczos_weak_convexity_within_1e_3_of_a_dense_hessian_at_the_defaults(h
     assert abs(float(got.high) - eig.max()) <= float(got.high_residual) + 1e-12
     dense_ratio = -eig.min() / float(problem.loss(params))
     np.testing.assert_allclose(
-        theory.weak_convexity_ratio(problem.loss, params, jax.random.key(1)), dense_ratio,
+        theory.weak_convexity_ratio(problem.loss, params, jax.random.key(1)),
+        dense_ratio,
         rtol=1e-3,
     )
     # float32, as the studies run: still within 1e-3 of the float64 dense value
     params32 = jax.tree.map(lambda a: a.astype(np.float32), params)
     problem32 = mh.ClassificationProblem(
-        X=data.X.astype(np.float32), y=data.y.astype(np.float32), spec=mh.ClassifierSpec(),
+        X=data.X.astype(np.float32),
+        y=data.y.astype(np.float32),
+        spec=mh.ClassifierSpec(),
         heads=heads,
     )
     got32 = theory.weak_convexity_ratio(problem32.loss, params32, jax.random.key(1))
