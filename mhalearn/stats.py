@@ -153,6 +153,45 @@ def _line_fits(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return slope, ssr
 
 
+def line_slopes(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least-squares slopes of y (..., points) on x (points,), NaN where fewer than three
+    points of y are finite."""
+    return _line_fits(np.asarray(x, float), y)[0]
+
+
+def median_interval(
+    values: np.ndarray, level: float = 0.95, replicates: int = 2000, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The median over the last axis (NaN ignored) and the percentile interval of the
+    medians of ``replicates`` bootstrap resamples of that axis."""
+    values = np.asarray(values, float)
+    idx = bootstrap_indices(values.shape[-1], replicates, seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # an all-NaN slice is NaN
+        mid = np.nanmedian(values, axis=-1)
+        reps = np.nanmedian(values[..., idx], axis=-1)  # (..., replicates)
+    lo, hi = percentile_interval(reps, level, axis=-1)
+    return mid, lo, hi
+
+
+def loglog_slope(
+    x: np.ndarray, values: np.ndarray, level: float = 0.95, replicates: int = 2000, seed: int = 0
+) -> tuple[float, float, float]:
+    """The least-squares slope of log(median) vs log x, with medians over the instances of
+    ``values`` (points, instances), and its bootstrap percentile interval: each replicate
+    resamples the instances, the same ones at every point (they share their random
+    problems)."""
+    values = np.asarray(values, float)
+    idx = bootstrap_indices(values.shape[-1], replicates, seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # log of a 0 median, all-NaN slices
+        log_mid = np.log(np.nanmedian(values, axis=-1))
+        log_reps = np.log(np.nanmedian(values[:, idx], axis=-1)).T  # (replicates, points)
+    log_x = np.log(np.asarray(x, float))
+    lo, hi = percentile_interval(line_slopes(log_x, log_reps), level)
+    return float(line_slopes(log_x, log_mid)), float(lo), float(hi)
+
+
 def growth_fits(
     heads: np.ndarray, ratio: np.ndarray, replicates: np.ndarray, level: float = 0.95
 ) -> dict[str, np.ndarray | float]:

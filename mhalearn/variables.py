@@ -242,14 +242,53 @@ VARIABLES: dict[str, Meta] = {
     ),
     "attempts": Meta("teacher draws", "Draws made until the checks passed (1: the first)."),
     # step sizes and curvature (experiments.stepsize)
-    "stable": Meta(
-        "step size stable",
-        "1 when GD did not diverge and the training loss never rose by more than rise_tol "
-        "relative.",
+    "largest_stable_lr": Meta(
+        "largest stable step size η",
+        "The stable end of the bisection bracket in log η after `halvings` halvings: GD "
+        "stays finite and its training loss never rises by more than rise_tol relative over "
+        "`steps` steps (0: lr_low unstable; lr_high: lr_high stable).",
+    ),
+    "smallest_unstable_lr": Meta(
+        "smallest unstable step size found",
+        "The unstable end of the bisection bracket (inf when lr_high was stable).",
+    ),
+    "lr_censored": Meta(
+        "step size outside the bracket",
+        "1 when lr_high was stable or lr_low unstable (the edge lies outside the bracket).",
         flag=True,
     ),
-    "largest_stable_lr": Meta(
-        "largest stable step size η", "The largest stable step size of the grid (0: none)."
+    "loss_star": Meta(
+        "training loss at the largest stable η",
+        "Training loss of full-batch GD at the instance's own largest stable step size.",
+        "nats",
+    ),
+    "loss_fixed": Meta(
+        "training loss at the fixed η",
+        "Training loss of full-batch GD at the study's fixed_lr.",
+        "nats",
+    ),
+    "rate_star": Meta(
+        "fitted rate of the training loss at the largest stable η",
+        "Least-squares slope of log L̂ vs log t over the logged steps t >= rate_from · "
+        "train_steps, at the instance's own largest stable step size (theory: −1).",
+    ),
+    "rate_fixed": Meta(
+        "fitted rate of the training loss at the fixed η",
+        "Least-squares slope of log L̂ vs log t over the logged steps t >= rate_from · "
+        "train_steps, at fixed_lr (theory: −1).",
+    ),
+    "theory_loss_star": Meta(
+        "theory's level 1/(ηTγ²) at the largest stable η",
+        "1/(η·T·γ²) with η the instance's largest stable step, T = train_steps and γ its NTK "
+        "margin at θ₀ (NaN when not separable); the theory bounds L̂_T by this up to "
+        "constants and logarithms.",
+        "nats",
+    ),
+    "theory_loss_fixed": Meta(
+        "theory's level 1/(ηTγ²) at the fixed η",
+        "1/(η·T·γ²) with η = fixed_lr, T = train_steps and γ the NTK margin at θ₀ (NaN when "
+        "not separable).",
+        "nats",
     ),
     "hessian_norm": Meta(
         "‖∇²L̂(θ₀)‖", "Spectral norm of the training loss's Hessian at the start (Lanczos)."

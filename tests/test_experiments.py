@@ -18,7 +18,7 @@ DIMS = {
     "recovery": ("learner", "samples", "heads", "instance", "step"),
     "regimes": ("inputs", "heads", "tokens", "beta", "instance"),
     "heads": ("noise", "heads", "lr", "instance", "step"),
-    "stepsize": ("heads", "lr", "instance", "step"),
+    "stepsize": ("heads", "instance", "step"),
     "samples": ("samples", "heads", "instance", "step"),
     "margin": ("init", "heads", "instance"),
     "phase": ("learner", "inputs", "dim", "heads", "ratio", "beta", "instance"),
@@ -106,40 +106,76 @@ def test_heads_points_match_direct_runs(tiny_results):
     np.testing.assert_allclose(point["trace_relevant_attention"].sel(step=0), mass, rtol=1e-9)
 
 
-def test_stepsize_largest_stable_and_curvature_at_the_gd_start(tiny_results):
+def test_stepsize_bisection_agrees_with_a_sequential_search(tiny_results):
     study, path = tiny_results["stepsize"]
     ds = load(path)
-    np.testing.assert_array_equal(ds["step"], np.arange(study.steps + 1))  # every step
+    # the bisection visits only the points of this grid (the bracket halved `halvings` times)
+    grid = np.geomspace(study.lr_low, study.lr_high, 2**study.halvings + 1)
+    interior = 0
     for h in study.heads:
+        task = classification_task(study, study.noise, study.samples, active_heads=h)
         for i in range(study.instances):
-            lrs = []
-            for lr in study.lr:
-                loss = ds["trace_loss"].sel(heads=h, lr=lr, instance=i).values
+            flags = []
+            for lr in grid:  # a sequential search: every grid step size, in order
+                probe = mh.GDConfig(optimizer="gd", steps=study.steps, lr=lr, log_every=1)
+                run = mh.simulate(jax.random.key(study.seed), task, probe, 1, key_ids=[i])
+                loss = run.trace["loss"][0]
                 rises = [b - a > study.rise_tol * abs(a) for a, b in itertools.pairwise(loss)]
-                if ds["diverged"].sel(heads=h, lr=lr, instance=i) == 0 and not any(rises):
-                    lrs.append(lr)
-            assert float(ds["largest_stable_lr"].sel(heads=h, instance=i)) == max(lrs, default=0)
-    # curvature is measured where GD starts: same problem, same initial loss
+                flags.append(not run.status["diverged"][0] and not any(rises))
+            point = ds.sel(heads=h, instance=i)
+            star = float(point["largest_stable_lr"])
+            if not flags[0] or all(flags):
+                np.testing.assert_allclose(star, study.lr_high if all(flags) else 0.0, rtol=1e-12)
+                assert int(point["lr_censored"]) == 1
+                continue
+            interior += 1
+            j = int(np.argmin(np.abs(grid - star)))
+            np.testing.assert_allclose(star, grid[j], rtol=1e-9)
+            np.testing.assert_allclose(point["smallest_unstable_lr"], grid[j + 1], rtol=1e-9)
+            assert flags[j] and not flags[j + 1]  # a stable step next to an unstable one
+            first_unstable = flags.index(False)
+            if all(not f for f in flags[first_unstable:]):  # monotone: the one edge
+                assert j == first_unstable - 1
+    assert interior >= 2, "no instance had its edge inside the bracket: the test tested nothing"
+
+
+def test_stepsize_curves_rates_and_curvature_at_the_gd_start(tiny_results):
+    study, path = tiny_results["stepsize"]
+    ds = load(path)
+    point = ds.sel(heads=2, instance=1)
+    task = classification_task(study, study.noise, study.samples, active_heads=2)
+    for run, lr in (("fixed", study.fixed_lr), ("star", float(point["largest_stable_lr"]))):
+        trainer = mh.GDConfig(
+            optimizer="gd", steps=study.train_steps, lr=lr, snapshots=study.snapshots
+        )
+        direct = mh.simulate(jax.random.key(study.seed), task, trainer, 1, key_ids=[1])
+        loss = direct.trace["loss"][0]
+        np.testing.assert_allclose(point[f"trace_loss_{run}"], loss, rtol=1e-9)
+        t = np.asarray(ds["step"], float)
+        keep = (t >= study.rate_from * study.train_steps) & (t > 0)
+        slope = np.polyfit(np.log(t[keep]), np.log(loss[keep]), 1)[0]
+        np.testing.assert_allclose(point[f"rate_{run}"], slope, rtol=1e-9)
+    # curvature and margin are measured where GD starts: same problem, same initial loss
     keys = instance_keys(jax.random.fold_in(jax.random.key(study.seed), 1))
-    _, problem = classification_task(study, study.noise, study.samples, active_heads=2).sample(
-        keys.problem
-    )
+    _, problem = task.sample(keys.problem)
     start = mh.GDConfig().start(keys.fit, problem)
-    np.testing.assert_allclose(
-        ds["trace_loss"].sel(heads=2, lr=1.0, instance=1, step=0), problem.loss(start), rtol=1e-9
-    )
+    np.testing.assert_allclose(point["trace_loss_fixed"][0], problem.loss(start), rtol=1e-9)
     k1, _, k3 = jax.random.split(keys.evaluate, 3)
     norm = theory.hessian_spectral_norm(problem.loss, start, k1, study.lanczos_matvecs)
-    np.testing.assert_allclose(ds["hessian_norm"].sel(heads=2, instance=1), norm, rtol=1e-9)
+    np.testing.assert_allclose(point["hessian_norm"], norm, rtol=1e-9)
     scores = [
         theory.hessian_spectral_norm(
             lambda p, x=x: problem.scores(p, x[None])[0], start, k3, study.lanczos_matvecs
         )
         for x in problem.X[: study.score_samples]
     ]
-    np.testing.assert_allclose(
-        ds["score_hessian_norm"].sel(heads=2, instance=1), np.mean(scores), rtol=1e-9
-    )
+    np.testing.assert_allclose(point["score_hessian_norm"], np.mean(scores), rtol=1e-9)
+    features = theory.ntk_features(start, problem.X, problem.spec, problem.head_mask())["all"]
+    gamma = theory.svm_margin(theory.ntk_gram(features), problem.y, study.svm_iterations).margin
+    np.testing.assert_allclose(point["margin"], gamma, rtol=1e-9, atol=1e-12)
+    if gamma > 0:
+        expected = 1 / (study.fixed_lr * study.train_steps * float(gamma) ** 2)
+        np.testing.assert_allclose(point["theory_loss_fixed"], expected, rtol=1e-9)
 
 
 def test_samples_gap_and_stability_proxy_match_a_run_logged_at_every_step(tiny_results):
@@ -197,7 +233,8 @@ def test_in_memory_run_equals_the_stored_one(tiny_results):
         (lambda: STUDIES["heads"](noise=(-1.0,)), "noise"),
         (lambda: STUDIES["heads"](lr=(0.0, 1.0)), r"lr must lie in \(0.0"),
         (lambda: STUDIES["samples"](lr=0.0), r"lr must lie in \(0.0"),
-        (lambda: STUDIES["stepsize"](lr=(1.0, 0.0)), r"lr must lie in \(0.0"),
+        (lambda: STUDIES["stepsize"](lr_low=0.0), r"lr_low must lie in \(0.0"),
+        (lambda: STUDIES["stepsize"](lr_low=2.0, lr_high=1.0), "lr_low must be < lr_high"),
         (lambda: Regimes(delta=0.9), "delta must lie in"),
         (lambda: Regimes(seed=-1), "seed must lie in"),
         (lambda: STUDIES["margin"](svm_iterations=0), "svm_iterations must be an integer >= 1"),

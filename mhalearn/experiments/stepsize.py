@@ -1,18 +1,21 @@
-"""``stepsize``: the largest stable GD step vs heads, and the curvature at initialisation."""
+"""``stepsize``: the largest stable GD step per instance by bisection, training at it and at a
+fixed step, and the curvature and NTK margin at initialisation, vs heads."""
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, ClassVar
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mhalearn import plots
+from mhalearn import plots, stats
 from mhalearn.batch import Engine
 from mhalearn.experiments.base import product_grid, register_study, results_dataset
-from mhalearn.experiments.classifier import ClassifierStudy, as_float, classifier_settings
+from mhalearn.experiments.classifier import ClassifierStudy, classifier_settings
 from mhalearn.metrics import theory
 from mhalearn.simulate import InstanceKeys, measure
 
@@ -20,127 +23,190 @@ from mhalearn.simulate import InstanceKeys, measure
 @register_study
 @dataclasses.dataclass(frozen=True)
 class StepSize(ClassifierStudy):
-    """Full-batch GD for every (heads, step size) on the same problems, the loss logged at
-    every step. A step size is *stable* for an instance when GD does not diverge and the
-    training loss never rises (by more than a relative ``rise_tol``: descent, as the smooth
-    theory promises below 2/‖∇²L̂‖);
-    ``largest_stable_lr`` is the largest stable one on the grid (0 if none). Also
-    ‖∇²L̂(θ₀)‖ (``hessian_norm``) and −λ_min(∇²L̂)/L̂ at θ₀ (``weak_convexity``) by
-    Lanczos, and the mean over the first ``score_samples`` training sequences of ‖∇²Φ(X; θ₀)‖
-    (``score_hessian_norm``), which the theory bounds by O(1/√H) under α_H = 1/√H."""
+    """Per instance (a training set and a start) and head count, in one compilation:
+
+    - ``largest_stable_lr``: the largest full-batch GD step size found *stable* by a bisection
+      in log η over [``lr_low``, ``lr_high``] with ``halvings`` halvings. A step size is stable
+      when ``steps`` GD steps from the start stay finite and never raise the training loss by
+      more than ``rise_tol`` relative (descent, as the smooth theory promises below
+      2/‖∇²L̂‖). ``smallest_unstable_lr`` is the bracket's other end (so the two are one
+      bracket apart); ``lr_low`` unstable gives 0 and ``lr_high`` stable gives ``lr_high``
+      (``lr_censored``).
+    - training-loss curves over ``train_steps`` steps at the instance's own largest stable
+      step (``trace_loss_star``) and at ``fixed_lr`` (``trace_loss_fixed``), and their
+      fitted rates (``rate_star``, ``rate_fixed``: the slope of log L̂ vs log t over the logged
+      steps from ``rate_from``·``train_steps`` on);
+    - the NTK margin γ at θ₀ (``margin``, 0 when not separable) and the theory's level
+      1/(η·T·γ²) at the end of each run (``theory_loss_star``, ``theory_loss_fixed``);
+    - ‖∇²L̂(θ₀)‖ (``hessian_norm``), −λ_min(∇²L̂)/L̂ at θ₀ (``weak_convexity``) and the mean
+      over the first ``score_samples`` training sequences of ‖∇²Φ(X; θ₀)‖
+      (``score_hessian_norm``, which the theory bounds by O(1/√H) under α_H = 1/√H), by
+      Lanczos.
+    """
 
     name = "stepsize"
-    summary = "largest stable step size and curvature at init vs heads"
+    summary = "largest stable step (bisection), training at it, curvature and margin vs heads"
     static_axes = ()
-    positive = ("lr",)
+    positive = ("lr_low", "lr_high", "fixed_lr", "rate_from")
     headline = "largest_stable_lr"
     presets: ClassVar[dict[str, dict[str, Any]]] = {
         "tiny": dict(
             heads=(1, 2),
-            lr=(1.0, 1e4),
+            lr_low=0.25,
+            lr_high=64.0,
+            halvings=3,
             samples=16,
             steps=10,
+            train_steps=20,
+            snapshots=8,
             instances=2,
             lanczos_matvecs=5,
+            svm_iterations=50,
             test_samples=16,
         ),
         "small": dict(
             heads=(1, 4),
-            lr=(1.0, 64.0),
+            halvings=6,
             samples=32,
-            steps=20,
-            instances=2,
-            lanczos_matvecs=10,
+            steps=40,
+            train_steps=200,
+            instances=4,
+            lanczos_matvecs=16,
+            svm_iterations=500,
             test_samples=64,
         ),
-        "full": dict(
-            heads=(1, 2, 4, 8, 16, 32),
-            lr=tuple(float(x) for x in np.geomspace(0.25, 256, 11)),
-            samples=128,
-            steps=200,
-            instances=6,
-        ),
+        "full": dict(heads=(1, 2, 4, 8, 16, 32), halvings=8, train_steps=1000, instances=64),
     }
 
     heads: tuple[int, ...] = (1, 2, 4, 8, 16)
     """Head counts H (the model has max(heads) heads, the rest masked)."""
-    lr: tuple[float, ...] = tuple(float(x) for x in np.geomspace(0.5, 128.0, 9))
-    """GD step sizes η tried; the largest stable one is reported."""
+    lr_low: float = 0.125
+    """Lower end of the bisection bracket for the step size."""
+    lr_high: float = 1024.0
+    """Upper end of the bisection bracket for the step size."""
+    halvings: int = 10
+    """Bisection halvings of the bracket in log η (10 on the default bracket: ends 0.9% apart)."""
     samples: int = 128
     """Training samples n."""
     steps: int = 200
-    """Full-batch GD steps per step size (the loss is logged at every step)."""
+    """GD steps over which a step size must stay stable (the loss is checked at every step)."""
     rise_tol: float = 1e-4
     """A step size is unstable once the training loss rises by more than this, relative."""
+    train_steps: int = 2000
+    """GD steps of the training curves at the largest stable step and at fixed_lr."""
+    fixed_lr: float = 1.0
+    """The step size every head count also trains at."""
+    snapshots: int = 30
+    """Log-spaced steps at which the training curves are logged."""
+    rate_from: float = 0.1
+    """The rates are fitted over the logged steps t >= rate_from · train_steps."""
     lanczos_matvecs: int = theory.LANCZOS_MATVECS
     """Lanczos steps (Hessian-vector products) for the Hessians' extreme eigenvalues."""
     score_samples: int = 8
     """Training sequences over which ‖∇²Φ(X; θ₀)‖ is averaged."""
+    svm_iterations: int = 3000
+    """Iterations of the SVM dual solver for the NTK margin at θ₀."""
     instances: int = 4
-    """Random problems (data and start) per grid point."""
+    """Random problems (data and start) per head count."""
     seed: int = 0
-    """Root seed: instance i of every grid point draws from fold_in(key(seed), i)."""
+    """Root seed: instance i of every head count draws from fold_in(key(seed), i)."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not self.lr_low < self.lr_high:
+            raise ValueError(f"lr_low must be < lr_high, received {self.lr_low} and {self.lr_high}")
+        if self.rate_from >= 1:
+            raise ValueError(f"rate_from must lie in (0, 1), received {self.rate_from}")
+
+    def probe(self) -> Any:
+        """The GD run that judges one step size: ``steps`` steps, the loss at every one."""
+        return self.learner(self.steps, self.lr_low, log_every=1)
 
     def run_cell(self, cell: dict[str, Any], key: jax.Array, engine: Engine):
-        axes = {"heads": self.heads, "lr": self.lr}
-        ds = self.train(
-            key,
-            engine,
-            axes,
-            self.samples,
-            max(self.heads),
-            self.steps,
-            lr=lambda v: as_float(v["lr"]),
-            task_numbers=lambda v: {"active_heads": v["heads"]},
-            log_every=1,
-        )
-        loss = ds["trace_loss"].transpose(..., "step")
-        stable = theory.stable_steps(loss.values, ds["diverged"].values, self.rise_tol)
-        ds["stable"] = ds["diverged"].copy(data=stable.astype(np.int8))
-        ds["largest_stable_lr"] = ds["lr"].where(ds["stable"] == 1).max("lr").fillna(0.0)
-        return ds.merge(self.curvature(key, engine))
-
-    def curvature(self, key: jax.Array, engine: Engine):
-        """‖∇²L̂‖, the weak-convexity ratio and ‖∇²Φ‖ at the start, per (heads, instance), on
-        the same problems and starts as the GD runs."""
         axes = {"heads": self.heads}
         values, key_ids = product_grid(axes, self.instances)
         task = self.task(self.samples, max(self.heads), self.noise, active_heads=values["heads"])
-        spec = {"task": task, "learner": self.learner(self.steps)}
-        matvecs = self.lanczos_matvecs
+        spec = {
+            "task": task,
+            "probe": self.probe(),
+            "trainer": self.learner(self.train_steps, self.fixed_lr, self.snapshots),
+        }
+        lr_low, lr_high = self.lr_low, self.lr_high
+        lo, hi = math.log(lr_low), math.log(lr_high)
+        halvings, rise_tol, fixed = self.halvings, self.rise_tol, self.fixed_lr
+        matvecs, iterations = self.lanczos_matvecs, self.svm_iterations
         n_scores = min(self.score_samples, self.samples)
 
         def one(keys: InstanceKeys, spec):
             _, problem = spec["task"].sample(keys.problem)
-            params = spec["learner"].start(keys.fit, problem)
+
+            def at(learner, lr):
+                return eqx.tree_at(lambda c: c.lr, learner, lr).fit(keys.fit, problem)
+
+            def stable(log_lr):
+                fit = at(spec["probe"], jnp.exp(log_lr))
+                return theory.stable_steps(fit.trace.loss, fit.status.diverged, rise_tol)
+
+            def halve(_, bracket):
+                low, high = bracket
+                mid = (low + high) / 2
+                ok = stable(mid)
+                return jnp.where(ok, mid, low), jnp.where(ok, high, mid)
+
+            ok_low, ok_high = stable(jnp.asarray(lo)), stable(jnp.asarray(hi))
+            low, high = jax.lax.fori_loop(0, halvings, halve, (jnp.asarray(lo), jnp.asarray(hi)))
+            star = jnp.where(ok_high, lr_high, jnp.where(ok_low, jnp.exp(low), 0.0))
+            unstable = jnp.where(ok_high, jnp.inf, jnp.where(ok_low, jnp.exp(high), lr_low))
+            # the curves at the instance's own step (at lr_low when none was stable)
+            run_star = at(spec["trainer"], jnp.where(star > 0, star, lr_low))
+            run_fixed = at(spec["trainer"], jnp.asarray(fixed, star.dtype))
+
+            params = spec["trainer"].start(keys.fit, problem)
             k1, k2, k3 = jax.random.split(keys.evaluate, 3)
 
             def score_norm(x):
                 score = lambda p: problem.scores(p, x[None])[0]  # noqa: E731
                 return theory.hessian_spectral_norm(score, params, k3, matvecs)
 
+            features = theory.ntk_features(params, problem.X, problem.spec, problem.head_mask())
+            margin = theory.svm_margin(theory.ntk_gram(features["all"]), problem.y, iterations)
             metrics = {
+                "largest_stable_lr": star,
+                "smallest_unstable_lr": unstable,
+                "lr_censored": ok_high | ~ok_low,
+                "margin": margin.margin,
                 "score_hessian_norm": jnp.mean(jax.vmap(score_norm)(problem.X[:n_scores])),
                 "hessian_norm": theory.hessian_spectral_norm(problem.loss, params, k1, matvecs),
                 "weak_convexity": theory.weak_convexity_ratio(problem.loss, params, k2, matvecs),
             }
-            return {"metrics": metrics}
+            trace = {"loss_star": run_star.trace.loss, "loss_fixed": run_fixed.trace.loss}
+            return {"metrics": metrics, "trace": trace, "steps": run_star.trace.steps}
 
         res = measure(key, one, spec, len(key_ids), key_ids=key_ids, **engine.kwargs())
         return results_dataset(res, axes, self.instances)
 
+    def derive(self, ds):
+        """The fitted rates and the theory's level 1/(η·T·γ²) per instance."""
+        T = self.train_steps
+        margin = ds["margin"].where(ds["margin"] > 0)
+        for run, lr in (("star", ds["largest_stable_lr"]), ("fixed", self.fixed_lr)):
+            ds[f"rate_{run}"] = ds["margin"].copy(
+                data=loss_rate(ds[f"trace_loss_{run}"], self.rate_from * T)
+            )
+            ds[f"theory_loss_{run}"] = 1.0 / (lr * T * margin**2)
+        return ds
+
     @staticmethod
     def figure(ds):
-        """Largest stable step size vs heads; ‖∇²L̂(θ₀)‖ and the weak-convexity ratio vs heads,
-        with a 1/√H guide; log–log."""
-        fig, axes = plots.panels(1, 3)
+        """Top: the largest stable step vs heads; the Hessian norms at θ₀ with a 1/√H guide;
+        the weak-convexity ratio. Bottom: training-loss curves per head count at each
+        instance's own largest stable step and at the fixed step; their fitted rates vs heads
+        with 95% bootstrap intervals of the median, beside the theory's −1."""
+        fig, axes = plots.panels(2, 3)
         h = ds["heads"].values
+        config = plots.config_of(ds)
         plots.band(
-            axes[0, 0],
-            ds["largest_stable_lr"],
-            "heads",
-            label="largest stable η (grid)",
-            **plots.style(0),
+            axes[0, 0], ds["largest_stable_lr"], "heads", label="largest stable η", **plots.style(0)
         )
         norm = plots.median(ds["hessian_norm"])
         axes[0, 0].plot(h, 2 / norm, label="2 / median ‖∇²L̂(θ₀)‖", **plots.style(1))
@@ -158,11 +224,7 @@ class StepSize(ClassifierStudy):
         plots.guide(axes[0, 1], h, float(plots.median(ds["score_hessian_norm"])[0]), -0.5, "∝ 1/√H")
         axes[0, 1].set(ylabel="Hessian spectral norm at θ₀")
         plots.band(
-            axes[0, 2],
-            ds["weak_convexity"],
-            "heads",
-            label="−λ_min(∇²L̂)/L̂ at θ₀",
-            **plots.style(4),
+            axes[0, 2], ds["weak_convexity"], "heads", label="−λ_min(∇²L̂)/L̂ at θ₀", **plots.style(4)
         )
         plots.guide(
             axes[0, 2], h, float(np.abs(plots.median(ds["weak_convexity"])[0])), -0.5, "∝ 1/√H"
@@ -171,21 +233,61 @@ class StepSize(ClassifierStudy):
         for ax in axes[0]:
             plots.values_axis(ax, h, plots.LABELS["heads"])
             ax.set_yscale("log")
-        config = plots.config_of(ds)
-        lrs = config.get("lr", [])
+        fixed = config.get("fixed_lr", "?")
+        for ax, run, what in (
+            (axes[1, 0], "star", "at each instance's largest stable η"),
+            (axes[1, 1], "fixed", f"at η = {fixed}"),
+        ):
+            curves = ds[f"trace_loss_{run}"].isel(step=slice(1, None))
+            for i, heads in enumerate(h):
+                plots.band(
+                    ax, curves.sel(heads=heads), "step", label=f"H = {heads}", **plots.style(i)
+                )
+            ax.set(xscale="log", yscale="log", xlabel=plots.LABELS["step"], ylabel="training loss")
+            ax.set_title(what, fontsize="medium")
+        for i, run in enumerate(("star", "fixed")):
+            mid, lo, hi = stats.median_interval(
+                ds[f"rate_{run}"].transpose("heads", "instance").values
+            )
+            label = "own largest stable η" if run == "star" else f"η = {fixed}"
+            axes[1, 2].errorbar(
+                h * plots.shift(i, 2),
+                mid,
+                yerr=[mid - lo, hi - mid],
+                capsize=3,
+                label=label,
+                **plots.style(i),
+            )
+        axes[1, 2].axhline(-1, color="k", ls=":", label="theory: −1")
+        axes[1, 2].set(ylabel="fitted rate d log L̂ / d log t")
+        plots.values_axis(axes[1, 2], h, plots.LABELS["heads"])
         caption = (
             f"Median over {plots.instances(ds)} random problems per head count, band: "
-            f"interquartile range. A step size is stable when {config.get('steps', '?')} "
-            "full-batch steps never raise the training loss (by more than rise_tol, relative) "
-            "and stay finite; the "
-            f"grid is {len(lrs)} values from {min(lrs, default=float('nan')):g} to "
-            f"{max(lrs, default=float('nan')):g}. Extreme eigenvalues by "
-            f"{config.get('lanczos_matvecs', '?')} Lanczos steps on Hessian-vector products; the "
-            "score's norm is averaged over "
+            "interquartile range; rates: 95% bootstrap interval of the median. A step size is "
+            f"stable when {config.get('steps', '?')} full-batch steps never raise the training "
+            "loss (by more than rise_tol, relative) and stay finite; the largest one is found "
+            f"per instance by {config.get('halvings', '?')} halvings of "
+            f"[{config.get('lr_low', '?')}, {config.get('lr_high', '?')}] in log η. Curves: "
+            f"{config.get('train_steps', '?')} steps; rates fitted from step "
+            f"{config.get('rate_from', 0) * config.get('train_steps', 0):g} on. Extreme "
+            f"eigenvalues by {config.get('lanczos_matvecs', '?')} Lanczos steps on "
+            "Hessian-vector products; the score's norm is averaged over "
             f"{config.get('score_samples', '?')} training sequences."
         )
         title = (
-            f"Curvature and step size vs heads: samples {config.get('samples', '?')}, "
+            f"Step size, convergence and curvature vs heads: samples {config.get('samples', '?')}, "
             + classifier_settings(ds)
         )
         return plots.finish(fig, title, caption)
+
+
+def loss_rate(trace, start: float) -> np.ndarray:
+    """Least-squares slope of log L̂ vs log t over the logged steps t >= ``start`` (t > 0), per
+    run of ``trace`` (a DataArray with a ``step`` dim, last); NaN where fewer than three
+    losses there are finite and positive."""
+    steps = np.asarray(trace["step"].values, float)
+    keep = (steps >= start) & (steps > 0)
+    loss = np.asarray(trace.transpose(..., "step").values, float)[..., keep]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        log_loss = np.where(loss > 0, np.log(loss), np.nan)
+    return stats.line_slopes(np.log(steps[keep]), log_loss)
