@@ -63,6 +63,16 @@ class MixtureSpec(eqx.Module):
     positions). Relevant token: ``x_t = μ_y + z_t``; irrelevant token: ``x_t = ν_j + z_t``
     with j uniform over ``irrelevant_means`` means; ``z_t ~ N(0, noise² I / dim)``.
 
+    ``decoys`` more positions (the ones after R when fixed, random otherwise) carry the
+    *other* label's mean: ``x_t = μ_{−y} + z_t`` (our construction, not the paper's). With
+    ``decoys == n_relevant`` the token average has the same law under both labels (its label
+    part is n_R·(μ_+ + μ_-)/T either way), so the mean-pooled linear model — the classifier at
+    W = 0, whose attention is uniform — is at chance, while with ``positions="fixed"`` the
+    label is read off position 0 by any model whose attention tells positions' tokens apart
+    (self-attention with W ∝ I, say): a family where attention is necessary. With
+    ``positions="random"`` and ``decoys == n_relevant`` the sequence has the same law under
+    both labels: no model beats chance (a null control).
+
     Means lie along standard basis vectors: ``means="orthogonal"`` puts μ_+, μ_- on e_0, e_1
     and ν_j on e_{2+j}; ``"antipodal"`` puts μ_± = ±signal_norm·e_0 and ν_j on e_{1+j}.
     (The noise is isotropic, so any orthonormal frame gives the same distribution up to a
@@ -74,6 +84,7 @@ class MixtureSpec(eqx.Module):
     dim: int = eqx.field(static=True)
     relevant_fraction: float = eqx.field(static=True, default=0.25)
     irrelevant_means: int = eqx.field(static=True, default=2)
+    decoys: int = eqx.field(static=True, default=0)
     positions: Literal["random", "fixed"] = eqx.field(static=True, default="random")
     means: Literal["orthogonal", "antipodal"] = eqx.field(static=True, default="orthogonal")
     signal_norm: float | Array = 1.0
@@ -88,10 +99,18 @@ class MixtureSpec(eqx.Module):
             raise ValueError(
                 f"irrelevant_means must be an integer >= 0, received {self.irrelevant_means!r}"
             )
-        if self.n_relevant < self.tokens and self.irrelevant_means == 0:
+        if not isinstance(self.decoys, int) or self.decoys < 0:
+            raise ValueError(f"decoys must be an integer >= 0, received {self.decoys!r}")
+        if self.n_relevant + self.decoys > self.tokens:
+            raise ValueError(
+                f"decoys must be <= tokens - n_relevant = {self.tokens - self.n_relevant}, "
+                f"received {self.decoys}"
+            )
+        if self.n_relevant + self.decoys < self.tokens and self.irrelevant_means == 0:
             raise ValueError(
                 "irrelevant_means must be >= 1 when some positions are irrelevant "
-                f"(relevant_fraction={self.relevant_fraction}, tokens={self.tokens})"
+                f"(relevant_fraction={self.relevant_fraction}, decoys={self.decoys}, "
+                f"tokens={self.tokens})"
             )
         choice("positions", self.positions, ("random", "fixed"))
         choice("means", self.means, ("orthogonal", "antipodal"))
@@ -146,12 +165,17 @@ def tokenized_mixture(key: PRNGKeyArray, spec: MixtureSpec, samples: int, dtype=
         rank = jnp.broadcast_to(jnp.arange(T), (samples, T))
     relevant = rank < spec.n_relevant
 
-    signal = spec.label_means(dtype)[((y + 1) // 2).astype(jnp.int32)]  # (samples, dim)
+    decoy = (rank >= spec.n_relevant) & (rank < spec.n_relevant + spec.decoys)
+
+    label_means = spec.label_means(dtype)
+    signal = label_means[((y + 1) // 2).astype(jnp.int32)]  # (samples, dim)
+    other = label_means[((1 - y) // 2).astype(jnp.int32)]  # μ_{−y}
     if spec.irrelevant_means > 0:
         which = draws.randint(k_which, (samples, T), 0, spec.irrelevant_means)
         background = spec.irrelevant_mean_vectors(dtype)[which]  # (samples, T, dim)
     else:
         background = jnp.zeros((samples, T, d), dtype)
+    background = jnp.where(decoy[..., None], other[:, None, :], background)
     mean = jnp.where(relevant[..., None], signal[:, None, :], background)
     z = draws.normal(k_noise, (samples, T, d), dtype=dtype)
     X = mean + (spec.noise / math.sqrt(d)) * z

@@ -135,3 +135,54 @@ def test_mixture_spec_validation(kwargs, fragment):
         mh.MixtureSpec(**kwargs)
     with pytest.raises(ValueError, match="samples must be an integer >= 1"):
         mh.tokenized_mixture(KEY, mh.MixtureSpec(tokens=4, dim=4), 0)
+
+
+@pytest.mark.parametrize("positions", ["random", "fixed"])
+def test_decoys_carry_the_other_label_mean_and_cancel_it_in_the_average(positions):
+    spec = mh.MixtureSpec(
+        tokens=6,
+        dim=6,
+        relevant_fraction=0.3,
+        decoys=2,
+        irrelevant_means=2,
+        positions=positions,
+        noise=0.2,
+    )
+    n = 6000
+    data = mh.tokenized_mixture(KEY, spec, n)
+    X, y, rel = (np.asarray(a) for a in (data.X, data.y, data.relevant))
+    mu = {1.0: np.eye(6)[0], -1.0: np.eye(6)[1]}
+    sd = 0.2 / np.sqrt(6)
+    # decoys: the two tokens nearest μ_{−y} among the non-relevant ones, at positions 2, 3 if fixed
+    for label in (-1.0, 1.0):
+        rows = X[y == label]
+        near_other = np.linalg.norm(rows - mu[-label], axis=-1) < 0.5
+        np.testing.assert_array_equal(near_other.sum(1), 2)
+        assert not np.any(near_other & rel[y == label])
+        if positions == "fixed":
+            assert np.all(near_other[:, 2:4]) and not np.any(near_other[:, [0, 1, 4, 5]])
+        else:
+            for s in near_other.mean(0):
+                within(s, 2 / 6, np.sqrt(2 / 6 * 4 / 6 / len(rows)))
+        decoy_tokens = rows[near_other]
+        np.testing.assert_array_less(
+            np.abs(decoy_tokens.mean(0) - mu[-label]), 6 * sd / np.sqrt(len(decoy_tokens))
+        )
+    # the token average has the same mean under both labels (here n_R = decoys = 2)
+    average = X.mean(1)
+    gap = average[y == 1].mean(0) - average[y == -1].mean(0)
+    np.testing.assert_array_less(np.abs(gap), 6 * 0.5 / np.sqrt(n))
+    # while the relevant tokens carry the label: their means differ by μ_+ − μ_-
+    lead = X[:, 0] if positions == "fixed" else X[rel].reshape(n, 2, 6)[:, 0]
+    np.testing.assert_allclose(
+        lead[y == 1].mean(0) - lead[y == -1].mean(0), mu[1.0] - mu[-1.0], atol=0.05
+    )
+
+
+def test_decoys_are_validated():
+    with pytest.raises(ValueError, match="decoys must be <= tokens - n_relevant = 3"):
+        mh.MixtureSpec(tokens=4, dim=4, decoys=4)
+    with pytest.raises(ValueError, match="decoys must be an integer >= 0"):
+        mh.MixtureSpec(tokens=4, dim=4, decoys=-1)
+    # every position relevant or decoy: no irrelevant mean needed
+    mh.MixtureSpec(tokens=4, dim=4, relevant_fraction=0.5, decoys=2, irrelevant_means=0)

@@ -44,6 +44,7 @@ class Study:
     headline: ClassVar[str]  # the variable :meth:`summarize` reports
     precision: ClassVar[str] = "float32"  # what the command runs it in unless told otherwise
     positive: ClassVar[tuple[str, ...]] = ()  # number fields that must be > 0, not only >= 0
+    counts_from_zero: ClassVar[tuple[str, ...]] = ()  # integer fields that may be 0
     #: named sizes, as field overrides: "tiny" (the tests run every study at it, in seconds,
     #: with two values on every axis that has a curve), "small" and "full" (its notebook's
     #: sizes) and any variants a notebook runs
@@ -65,9 +66,9 @@ class Study:
 
     def __post_init__(self):
         """Checks every field before any work: grids are non-empty and distinct, integers
-        (sizes, counts) >= 1 except ``seed`` >= 0, numbers finite and >= 0 (> 0 for the fields
-        in ``positive``; each study adds its stricter checks)."""
-        in_range("seed", self.seed, 0)
+        (sizes, counts) >= 1 except ``seed`` and the fields in ``counts_from_zero`` >= 0,
+        numbers finite and >= 0 (> 0 for the fields in ``positive``; each study adds its
+        stricter checks)."""
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if isinstance(value, tuple) and not value:
@@ -75,7 +76,9 @@ class Study:
             if isinstance(value, tuple) and len(set(value)) != len(value):
                 raise ValueError(f"{f.name}: values must be distinct, received {value}")
             for v in value if isinstance(value, tuple) else (value,):
-                if f.name != "seed" and isinstance(v, int) and not isinstance(v, bool):
+                if f.name in ("seed", *self.counts_from_zero) and isinstance(v, int):
+                    in_range(f.name, v, 0)
+                elif isinstance(v, int) and not isinstance(v, bool):
                     positive_int(f.name, v)
                 elif isinstance(v, float):
                     in_range(f.name, v, 0.0, open_low=f.name in self.positive)

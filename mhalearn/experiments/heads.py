@@ -58,7 +58,7 @@ class Heads(ClassifierStudy):
             heads=(1, 4), lr=(1.0,), samples=32, steps=20, instances=2, test_samples=64
         ),
         "movement_full": dict(
-            heads=(1, 2, 4, 8, 16, 32), lr=(1.0,), samples=128, steps=1000, instances=4
+            heads=(1, 2, 4, 8, 16, 32), lr=(1.0,), samples=128, steps=1000, instances=64
         ),
         # attention on the relevant positions along training (notebook 08)
         "relevant_small": dict(

@@ -22,12 +22,19 @@ Init = Literal["zero", "gaussian", "one_step"]
 _INITS = {"zero": (0.0, 0.0), "gaussian": (1.0, 0.0), "one_step": (0.0, 1.0)}
 
 
+#: the mixture with one decoy at position 1 behind the relevant position 0
+_DECOY: dict[str, Any] = dict(decoys=1, positions="fixed")
+
+
 @register_study
 @dataclasses.dataclass(frozen=True)
 class Margin(ClassifierStudy):
     """γ of the hard-margin SVM on the NTK Gram matrix of the n training samples at θ₀ (the
     optimiser's start; features ∂Φ/∂(U, W) of the active heads), with the ``separable`` flag,
-    for every initialisation and head count in one compilation."""
+    and the same for the U-part features ∂Φ/∂U alone (``margin_u``, ``separable_u``: at W = 0
+    the mean-pooled linear model), for every initialisation and head count in one
+    compilation. The ``decoy`` presets use the mixture with decoys (the token average is
+    label-free, :class:`~mhalearn.data.MixtureSpec`), where W = 0's U-part cannot separate."""
 
     name = "margin"
     summary = "NTK margin at initialisation: init × heads"
@@ -36,7 +43,16 @@ class Margin(ClassifierStudy):
     presets: ClassVar[dict[str, dict[str, Any]]] = {
         "tiny": dict(heads=(1, 2), samples=16, svm_iterations=50, instances=2, test_samples=16),
         "small": dict(heads=(1, 4), samples=16, svm_iterations=100, instances=2, test_samples=64),
-        "full": dict(heads=(1, 2, 4, 8, 16, 32), samples=64, instances=8),
+        "full": dict(heads=(1, 2, 4, 8, 16, 32, 64), samples=64, instances=64),
+        "decoy_small": dict(
+            heads=(1, 4),
+            samples=16,
+            svm_iterations=100,
+            instances=2,
+            test_samples=64,
+            **_DECOY,
+        ),
+        "decoy_full": dict(heads=(1, 2, 4, 8, 16, 32, 64), samples=64, instances=64, **_DECOY),
     }
 
     init: tuple[Init, ...] = ("zero", "gaussian", "one_step")
@@ -73,8 +89,11 @@ class Margin(ClassifierStudy):
             _, problem = spec["task"].sample(keys.problem)
             params = spec["learner"].start(keys.fit, problem)
             features = theory.ntk_features(params, problem.X, problem.spec, problem.head_mask())
-            m = theory.svm_margin(theory.ntk_gram(features["all"]), problem.y, iterations)
-            return {"metrics": {"margin": m.margin, "separable": m.separable}}
+            metrics = {}
+            for part, suffix in (("all", ""), ("U", "_u")):
+                m = theory.svm_margin(theory.ntk_gram(features[part]), problem.y, iterations)
+                metrics |= {f"margin{suffix}": m.margin, f"separable{suffix}": m.separable}
+            return {"metrics": metrics}
 
         res = measure(key, one, spec, len(key_ids), key_ids=key_ids, **engine.kwargs())
         return results_dataset(res, axes, self.instances)
@@ -83,23 +102,27 @@ class Margin(ClassifierStudy):
     def figure(ds):
         """NTK margin at initialisation vs heads, a curve per initialisation (log x), and the
         share of NTK-separable training sets with Wilson 95% bars."""
-        fig, axes = plots.panels(1, 2)
+        fig, axes = plots.panels(2, 2)
         inits, h = ds["init"].values, ds["heads"].values
-        for i, init in enumerate(inits):
-            kw = {"label": str(init), "shift": plots.shift(i, len(inits)), **plots.style(i)}
-            plots.band(axes[0, 0], ds["margin"].sel(init=init), "heads", **kw)
-            plots.rate(axes[0, 1], ds["separable"].sel(init=init), "heads", **kw)
-        axes[0, 0].set(ylabel="NTK margin γ at θ₀ (0: not separable)")
-        axes[0, 1].set(ylabel="share of NTK-separable training sets")
-        axes[0, 1].set_ylim(-0.05, 1.05)
-        for ax in axes[0]:
-            plots.values_axis(ax, h, plots.LABELS["heads"])
+        for row, (suffix, what) in enumerate((("", "∂Φ/∂(U, W)"), ("_u", "∂Φ/∂U only"))):
+            for i, init in enumerate(inits):
+                kw = {"shift": plots.shift(i, len(inits)), **plots.style(i)}
+                kw["label"] = str(init) if row == 0 else None
+                plots.band(axes[row, 0], ds[f"margin{suffix}"].sel(init=init), "heads", **kw)
+                plots.rate(axes[row, 1], ds[f"separable{suffix}"].sel(init=init), "heads", **kw)
+            axes[row, 0].set(ylabel=f"NTK margin γ at θ₀, {what}")
+            axes[row, 1].set(ylabel=f"share separable, {what}")
+            axes[row, 1].set_ylim(-0.05, 1.05)
+            for ax in axes[row]:
+                plots.values_axis(ax, h, plots.LABELS["heads"])
         config = plots.config_of(ds)
         caption = (
             f"Left: median over {plots.instances(ds)} random training sets of n = "
-            f"{config.get('samples', '?')} per point, band: interquartile range. Right: share "
-            "separable, bars: Wilson 95% interval. Inits: zero (W = 0), gaussian (W Gaussian), "
-            f"one_step (one GD step of size {config.get('one_step_lr', '?')} from W = 0)."
+            f"{config.get('samples', '?')} per point (0: not separable), band: interquartile "
+            "range. Right: share separable, bars: Wilson 95% interval. Top: the full NTK "
+            "features; bottom: the readout's alone (at W = 0, the mean-pooled linear model). "
+            "Inits: zero (W = 0), gaussian (W Gaussian), one_step (one GD step of size "
+            f"{config.get('one_step_lr', '?')} from W = 0)."
         )
         return plots.finish(
             fig, "NTK margin at initialisation: " + classifier_settings(ds), caption

@@ -211,3 +211,21 @@ def test_theory_quantities_vmap(rng):
     for i in range(3):
         single = theory.svm_margin(grams[i], ys[i], 3000)
         np.testing.assert_allclose(batched.margin[i], single.margin, rtol=1e-10)
+
+
+@pytest.mark.parametrize("decoys", [0, 1])
+def test_decoys_make_the_mean_pooled_features_inseparable_but_not_the_attention_model(decoys):
+    # W = 0: uniform attention, the U-part features are the token average (mean pooling)
+    mixture = mh.MixtureSpec(tokens=4, dim=8, decoys=decoys, positions="fixed", noise=0.5)
+    data = mh.tokenized_mixture(jax.random.key(0), mixture, 64)
+    spec = mh.ClassifierSpec()
+    U = np.random.default_rng(0).standard_normal((2, 4, 8))
+    pooled = mh.ClassifierParams(W=np.zeros((2, 8, 8)), U=U)
+    feats = theory.ntk_features(pooled, data.X, spec)["U"]
+    separable = bool(theory.svm_margin(feats @ feats.T, data.y, 20000).separable)
+    # without decoys the average carries the label's mean: mean pooling separates
+    assert separable == (decoys == 0)
+    # self-attention (W ∝ I) reads each position's own token: separable with decoys too
+    attend = mh.ClassifierParams(W=np.broadcast_to(8.0 * np.eye(8), (2, 8, 8)), U=U)
+    feats = theory.ntk_features(attend, data.X, spec)["U"]
+    assert bool(theory.svm_margin(feats @ feats.T, data.y, 20000).separable)
