@@ -309,6 +309,16 @@ VARIABLES: dict[str, Meta] = {
         "Step size over samples times the sum of training losses over the steps.",
         "nats",
     ),
+    "proxy_bounds_gap": Meta(
+        "stability proxy bounds the gap",
+        "1 when the generalisation gap is at most the stability proxy (η/n)·Σ_t L̂(θ_t).",
+        flag=True,
+    ),
+    "test_loss_slope": Meta(
+        "fitted slope of the test loss in n",
+        "Least-squares slope of log(median test loss) vs log n over the sample sizes "
+        "(theory under separability: −1); bounds: 95% bootstrap interval over instances.",
+    ),
     # NTK margin (experiments.margin)
     # the phase study (experiments/phase.py)
     "failure_optimisation": Meta(
@@ -360,6 +370,15 @@ VARIABLES: dict[str, Meta] = {
     "separable": Meta(
         "NTK-separable",
         "1 when the SVM solver certified the NTK features as linearly separable.",
+        flag=True,
+    ),
+    "margin_u": Meta(
+        "NTK margin γ at θ₀, readout features only",
+        "γ of the hard-margin SVM on the Gram matrix of ∂Φ/∂U alone (0: not separable).",
+    ),
+    "separable_u": Meta(
+        "separable by the readout's NTK features",
+        "1 when the SVM solver certified the features ∂Φ/∂U as linearly separable.",
         flag=True,
     ),
 }

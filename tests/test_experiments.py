@@ -178,17 +178,32 @@ def test_stepsize_curves_rates_and_curvature_at_the_gd_start(tiny_results):
         np.testing.assert_allclose(point["theory_loss_fixed"], expected, rtol=1e-9)
 
 
-def test_samples_gap_and_stability_proxy_match_a_run_logged_at_every_step(tiny_results):
+def test_samples_stop_at_the_target_loss_as_a_run_logged_at_every_step(tiny_results):
     study, path = tiny_results["samples"]
-    point = load(path).sel(samples=32, heads=2, instance=1)
-    task = classification_task(study, study.noise, 32, active_heads=2)
-    learner = mh.GDConfig(optimizer="gd", steps=study.steps, lr=study.lr, log_every=1)
-    direct = mh.simulate(jax.random.key(study.seed), task, learner, 1, key_ids=[1])
-    losses = direct.trace["loss"][0]  # L̂(θ_t) for t = 0 .. steps
-    np.testing.assert_allclose(point["stability_proxy"], study.lr / 32 * losses[:-1].sum())
-    gap = direct.metrics["test_loss"][0] - direct.metrics["train_loss"][0]
-    np.testing.assert_allclose(point["gap"], gap, rtol=1e-9)
-    np.testing.assert_allclose(point["train_loss"], losses[-1], rtol=1e-9)
+    ds = load(path)
+    stopped = 0
+    for n in study.samples:
+        task = classification_task(study, study.noise, n, active_heads=2)
+        # no target: every step's loss, from which the stopping step is read by hand
+        learner = mh.GDConfig(optimizer="gd", steps=study.steps, lr=study.lr, log_every=1)
+        direct = mh.simulate(jax.random.key(study.seed), task, learner, 1, key_ids=[1])
+        losses = direct.trace["loss"][0]  # L̂(θ_t) for t = 0 .. steps
+        reached = np.flatnonzero(losses <= study.target_loss)
+        stop = int(reached[0]) if reached.size else study.steps
+        stopped += bool(reached.size)
+        point = ds.sel(samples=n, heads=2, instance=1)
+        assert int(point["converged"]) == int(reached.size > 0)
+        np.testing.assert_allclose(point["train_loss"], losses[stop], rtol=1e-9)
+        proxy = study.lr / n * losses[:stop].sum()
+        np.testing.assert_allclose(point["stability_proxy"], proxy, rtol=1e-9)
+        assert int(point["proxy_bounds_gap"]) == int(float(point["gap"]) <= proxy)
+    assert stopped >= 1, "no run reached the target: the stopping rule was not tested"
+    # the fitted slope: least squares on the log medians over n
+    for h in study.heads:
+        medians = ds["test_loss"].sel(heads=h).median("instance").values
+        slope = np.polyfit(np.log(study.samples), np.log(medians), 1)[0]
+        if len(study.samples) >= 3:
+            np.testing.assert_allclose(ds["test_loss_slope"].sel(heads=h), slope, rtol=1e-9)
 
 
 def test_margin_points_match_direct_computation(tiny_results):
@@ -204,13 +219,12 @@ def test_margin_points_match_direct_computation(tiny_results):
     keys = instance_keys(jax.random.fold_in(jax.random.key(study.seed), 1))
     _, problem = task.sample(keys.problem)
     params = mh.GDConfig().start(keys.fit, problem)  # where the optimiser starts
-    gram = theory.ntk_gram(
-        theory.ntk_features(params, problem.X, problem.spec, problem.head_mask())["all"]
-    )
-    m = theory.svm_margin(gram, problem.y, study.svm_iterations)
+    features = theory.ntk_features(params, problem.X, problem.spec, problem.head_mask())
     point = ds.sel(init="one_step", heads=2, instance=1)
-    np.testing.assert_allclose(point["margin"], m.margin, rtol=1e-9)
-    assert int(point["separable"]) == int(m.separable)
+    for part, suffix in (("all", ""), ("U", "_u")):
+        m = theory.svm_margin(theory.ntk_gram(features[part]), problem.y, study.svm_iterations)
+        np.testing.assert_allclose(point[f"margin{suffix}"], m.margin, rtol=1e-9, atol=1e-14)
+        assert int(point[f"separable{suffix}"]) == int(m.separable)
 
 
 def test_in_memory_run_equals_the_stored_one(tiny_results):

@@ -24,6 +24,8 @@ from mhalearn.tasks import ClassificationTask
 class ClassifierStudy(Study):
     """Mixture and model options shared by the classifier studies."""
 
+    counts_from_zero = ("decoys",)
+
     tokens: int = 4
     """Sequence length T."""
     dim: int = 8
@@ -32,6 +34,9 @@ class ClassifierStudy(Study):
     """Share ζ of positions whose tokens carry the label's mean."""
     irrelevant_means: int = 2
     """Number M of label-free means the other positions draw from."""
+    decoys: int = 0
+    """Positions carrying the other label's mean (= the relevant count: the token average is
+    label-free, so the mean-pooled model at W = 0 is at chance)."""
     positions: Literal["random", "fixed"] = "random"
     """Relevant positions drawn per sample (random) or the same for every sample (fixed)."""
     head_scaling: HeadScaling = "sqrt"
@@ -56,6 +61,7 @@ class ClassifierStudy(Study):
             dim=self.dim,
             relevant_fraction=self.relevant_fraction,
             irrelevant_means=self.irrelevant_means,
+            decoys=self.decoys,
             positions=self.positions,
             noise=noise,
         )
@@ -85,23 +91,36 @@ class ClassifierStudy(Study):
         log_every: int | None = None,
         task_numbers=None,
         noise: float | None = None,
+        tol: float = 0.0,
     ):
         """Full-batch GD on every point of the vmapped ``axes`` × instances in one compilation;
-        ``lr`` and ``task_numbers`` map the flat grid values (a dict) to per-instance leaves."""
+        ``lr`` and ``task_numbers`` map the flat grid values (a dict) to per-instance leaves;
+        ``tol`` > 0 stops each run once its training loss is at most ``tol``."""
         values, key_ids = product_grid(axes, self.instances)
         numbers = task_numbers(values) if task_numbers else {}
         task = self.task(samples, heads, self.noise if noise is None else noise, **numbers)
-        learner = self.learner(steps, lr(values), snapshots, log_every)
+        learner = self.learner(steps, lr(values), snapshots, log_every, tol)
         res = simulate(key, task, learner, len(key_ids), key_ids=key_ids, **engine.kwargs())
         return results_dataset(res, axes, self.instances)
 
     def learner(
-        self, steps: int, lr: Any = 1.0, snapshots: int = 20, log_every: int | None = None
+        self,
+        steps: int,
+        lr: Any = 1.0,
+        snapshots: int = 20,
+        log_every: int | None = None,
+        tol: float = 0.0,
     ) -> GDConfig:
         """The studies' full-batch optimiser (its start is the same for every step count and
-        step size: :meth:`~mhalearn.learners.gd.GDConfig.start`)."""
+        step size: :meth:`~mhalearn.learners.gd.GDConfig.start`), stopping at training loss
+        ``tol`` when it is > 0."""
         return GDConfig(
-            optimizer=self.optimizer, steps=steps, lr=lr, snapshots=snapshots, log_every=log_every
+            optimizer=self.optimizer,
+            steps=steps,
+            lr=lr,
+            snapshots=snapshots,
+            log_every=log_every,
+            tol=tol,
         )
 
 
@@ -111,5 +130,14 @@ def as_float(a) -> np.ndarray:
 
 def classifier_settings(ds) -> str:
     return plots.settings(
-        ds, ("tokens", "dim", "relevant_fraction", "irrelevant_means", "head_scaling")
+        ds,
+        (
+            "tokens",
+            "dim",
+            "relevant_fraction",
+            "irrelevant_means",
+            "decoys",
+            "positions",
+            "head_scaling",
+        ),
     )

@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 import jax
 import numpy as np
 
-from mhalearn import plots
+from mhalearn import plots, stats
 from mhalearn.batch import Engine
 from mhalearn.experiments.base import register_study
 from mhalearn.experiments.classifier import ClassifierStudy, as_float, classifier_settings
@@ -18,9 +18,14 @@ from mhalearn.metrics import theory
 @register_study
 @dataclasses.dataclass(frozen=True)
 class Samples(ClassifierStudy):
-    """Full-batch GD for ``steps`` steps at step size ``lr`` on n training samples; the test
-    loss, the generalisation gap (test − train loss) and the stability proxy (η/n)·Σ_t L̂(θ_t)
-    that bounds it in Deora et al. (static grid: samples; heads swept inside)."""
+    """Full-batch GD at step size ``lr`` on n training samples until the training loss is at
+    most ``target_loss`` (within a budget of ``steps``; ``target_loss = 0``: exactly ``steps``
+    steps), so that optimisation error does not set the test loss's floor; the test loss,
+    the generalisation gap (test − train loss) and the stability proxy (η/n)·Σ_t L̂(θ_t) that
+    bounds it in Deora et al., per instance ``proxy_bounds_gap`` (gap ≤ proxy), and per head
+    count the log–log slope of the median test loss vs n with a bootstrap interval
+    (``test_loss_slope``; theory: −1 under separability). Static grid: samples; heads swept
+    inside."""
 
     name = "samples"
     summary = "test loss, generalisation gap and stability proxy vs samples, per head count"
@@ -28,11 +33,23 @@ class Samples(ClassifierStudy):
     positive = ("lr",)
     headline = "test_loss"
     presets: ClassVar[dict[str, dict[str, Any]]] = {
-        "tiny": dict(samples=(16, 32), heads=(1, 2), steps=10, instances=2, test_samples=16),
-        "small": dict(samples=(32, 64), heads=(1, 4), steps=30, instances=2, test_samples=64),
-        "full": dict(
-            samples=(32, 64, 128, 256, 512, 1024), heads=(1, 4, 16), steps=1000, instances=6
+        "tiny": dict(
+            samples=(8, 16, 32),
+            heads=(1, 2),
+            steps=40,
+            target_loss=0.2,
+            instances=2,
+            test_samples=16,
         ),
+        "small": dict(
+            samples=(16, 32, 64),
+            heads=(1, 4),
+            steps=100,
+            target_loss=0.01,
+            instances=2,
+            test_samples=64,
+        ),
+        "full": dict(samples=(32, 64, 128, 256, 512), heads=(1, 4, 16), instances=64),
     }
 
     samples: tuple[int, ...] = (32, 64, 128, 256, 512)
@@ -41,8 +58,10 @@ class Samples(ClassifierStudy):
     """Head counts H, swept inside a cell (the model has max(heads) heads, the rest masked)."""
     lr: float = 1.0
     """GD step size η."""
-    steps: int = 500
-    """Full-batch GD steps."""
+    steps: int = 20000
+    """Full-batch GD steps: the budget for reaching target_loss (or the count, without one)."""
+    target_loss: float = 1e-3
+    """Training stops once the training loss is at most this (0: after exactly ``steps``)."""
     instances: int = 4
     """Random problems (data and start) per grid point."""
     seed: int = 0
@@ -59,23 +78,49 @@ class Samples(ClassifierStudy):
             self.steps,
             lr=lambda v: as_float(self.lr),
             task_numbers=lambda v: {"active_heads": v["heads"]},
+            tol=self.target_loss,
         )
         ds["stability_proxy"] = theory.stability_proxy(self.lr, n, ds["info_loss_sum"])
+        ds["proxy_bounds_gap"] = (ds["gap"] <= ds["stability_proxy"]).astype(np.int8)
+        return ds
+
+    def derive(self, ds):
+        """The fitted slope of the median test loss vs n per head count, with its interval."""
+        n = ds["samples"].values
+        fits = [
+            stats.loglog_slope(n, ds["test_loss"].sel(heads=h).transpose("samples", "instance"))
+            for h in ds["heads"].values
+        ]
+        for i, suffix in enumerate(("", "_lower", "_upper")):
+            ds[f"test_loss_slope{suffix}"] = ("heads", np.array([f[i] for f in fits]))
         return ds
 
     @staticmethod
     def figure(ds):
         """Test loss vs samples (log–log, with an n^(−1) guide), and the generalisation gap
         beside the stability proxy, a curve per head count."""
-        fig, axes = plots.panels(1, 2)
+        fig, axes = plots.panels(1, 3)
         n = ds["samples"].values
         hs = ds["heads"].values
         for i, h in enumerate(hs):
             one = ds.sel(heads=h)
             at = plots.shift(i, len(hs))
-            plots.band(
-                axes[0, 0], one["test_loss"], "samples", f"H = {h}", at, **plots.style(i, "-")
+            slope = (
+                f", slope {float(one['test_loss_slope']):.2f} "
+                f"[{float(one['test_loss_slope_lower']):.2f}, "
+                f"{float(one['test_loss_slope_upper']):.2f}]"
+                if "test_loss_slope" in one
+                else ""
             )
+            plots.band(
+                axes[0, 0],
+                one["test_loss"],
+                "samples",
+                f"H = {h}{slope}",
+                at,
+                **plots.style(i, "-"),
+            )
+            plots.rate(axes[0, 2], one["proxy_bounds_gap"], "samples", None, at, **plots.style(i))
             plots.band(axes[0, 1], one["gap"], "samples", f"H = {h}", at, **plots.style(i, "-"))
             proxy = f"H = {h}, stability proxy (right, dashed)"
             plots.band(
@@ -90,14 +135,19 @@ class Samples(ClassifierStudy):
         plots.guide(axes[0, 0], n, first, -1.0, "∝ 1/n")
         axes[0, 0].set(ylabel=plots.label_of(ds, "test_loss"))
         axes[0, 1].set(ylabel="gap (solid) and stability proxy (dashed)")
+        axes[0, 2].set(ylabel="share of runs with gap ≤ proxy", ylim=(-0.05, 1.05))
         for ax in axes[0]:
             plots.values_axis(ax, n, "training samples n")
+        for ax in axes[0, :2]:
             ax.set_yscale("log")
         config = plots.config_of(ds)
         caption = (
             f"Median over {plots.instances(ds)} random training sets and starts per point, band: "
-            f"interquartile range. Full-batch GD, η = {config.get('lr', '?')}, "
-            f"{config.get('steps', '?')} steps; gap = test loss − training loss (points where it "
-            "is negative are not drawn on the log axis)."
+            f"interquartile range; shares with Wilson 95% bars; slopes: least squares on the "
+            "log medians, 95% bootstrap interval. Full-batch GD, η = "
+            f"{config.get('lr', '?')}, until the training loss is at most "
+            f"{config.get('target_loss', '?')} (budget {config.get('steps', '?')} steps); gap = "
+            "test loss − training loss (points where it is negative are not drawn on the log "
+            "axis)."
         )
         return plots.finish(fig, "Generalisation vs samples: " + classifier_settings(ds), caption)
