@@ -47,11 +47,11 @@ class Heads(ClassifierStudy):
         ),
         "full": dict(
             heads=(1, 2, 4, 8, 16),
-            lr=(0.3, 1.0, 3.0, 10.0),
+            lr=(0.3, 3.0),
             noise=(0.5, 1.5),
             samples=128,
-            steps=2000,
-            instances=4,
+            steps=1000,
+            instances=64,
         ),
         # parameter movement vs heads (notebook 07)
         "movement_small": dict(
@@ -71,7 +71,7 @@ class Heads(ClassifierStudy):
             test_samples=64,
         ),
         "relevant_full": dict(
-            heads=(1, 2, 4, 8), lr=(1.0,), noise=(0.5, 1.5), samples=128, steps=3000, instances=6
+            heads=(1, 2, 4, 8), lr=(1.0,), noise=(0.5, 1.5), samples=128, steps=3000, instances=64
         ),
     }
 
