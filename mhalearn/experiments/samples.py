@@ -66,7 +66,7 @@ class Samples(ClassifierStudy):
     steps: int = 20000
     """Full-batch GD steps: the budget for reaching target_loss (or the count, without one)."""
     target_loss: float = 1e-3
-    """Training stops once the training loss is at most this (0: after exactly ``steps``)."""
+    """Training stops once the training loss is at most this (0: after exactly steps steps)."""
     instances: int = 4
     """Random problems (data and start) per grid point."""
     seed: int = 0
