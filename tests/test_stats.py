@@ -110,3 +110,24 @@ def test_growth_fits_tell_a_power_law_from_an_exponential():
     assert fits["exponential_lower"] < 0.7 < fits["exponential_upper"]
     two = stats.growth_fits(m[:2], power[:2], power[:2] * noise()[:, :2])
     assert np.isnan(two["power"]) and two["better"] == ""
+
+
+def test_loglog_slope_recovers_a_power_law_and_brackets_it_under_noise():
+    rng = np.random.default_rng(0)
+    x = np.array([1.0, 2.0, 4.0, 8.0, 16.0])
+    exact = np.repeat((3.0 * x**-0.5)[:, None], 16, axis=1)
+    slope, lo, hi = stats.loglog_slope(x, exact)
+    np.testing.assert_allclose([slope, lo, hi], -0.5, rtol=1e-12)
+    # independent multiplicative noise per point and instance: the interval holds the true rate
+    noisy = exact * np.exp(0.2 * rng.standard_normal(exact.shape))
+    slope, lo, hi = stats.loglog_slope(x, noisy)
+    assert lo < -0.5 < hi and lo < slope < hi
+
+
+def test_median_interval_is_the_median_and_a_bracket_of_it():
+    rng = np.random.default_rng(1)
+    values = rng.standard_normal((3, 400)) + np.array([[0.0], [1.0], [2.0]])
+    mid, lo, hi = stats.median_interval(values)
+    np.testing.assert_allclose(mid, np.median(values, axis=1))
+    assert np.all((lo < mid) & (mid < hi)) and np.all(hi - lo < 0.5)
+    assert np.all((lo < [0, 1, 2]) & ([0, 1, 2] < hi))
