@@ -45,8 +45,11 @@ class GDConfig(eqx.Module):
     """Gradient-based fitting.
 
     ``optimizer``: ``"gd"`` (plain gradient descent), ``"momentum"`` (heavy ball with
-    ``momentum``), ``"adam"``, ``"normalized_gd"`` (steps of length ``lr`` along −∇/‖∇‖), or
-    any optax factory taking the learning rate first (for example ``optax.lion``).
+    ``momentum``), ``"adam"``, ``"normalized_gd"`` (steps of length exactly ``lr`` along
+    −∇/‖∇‖, however small ‖∇‖ is; ``normalize="joint"`` divides by the norm of the whole
+    gradient, ``"field"`` each parameter field's gradient by its own norm, so every field
+    moves by ``lr``), or any optax factory taking the learning rate first (for example
+    ``optax.lion``).
     ``batch_size=None`` is full batch; otherwise each step draws ``batch_size`` samples without
     replacement. ``snapshots`` log-spaced steps (0 and ``steps`` included) are traced, or
     every ``log_every`` steps when it is set.
@@ -59,6 +62,7 @@ class GDConfig(eqx.Module):
     batch_size: int | None = eqx.field(static=True, default=None)
     snapshots: int = eqx.field(static=True, default=40)
     log_every: int | None = eqx.field(static=True, default=None)
+    normalize: Literal["joint", "field"] = eqx.field(static=True, default="joint")
     lr: float | Array = 1e-2
     momentum: float | Array = 0.9
     tol: float | Array = 0.0
@@ -70,6 +74,7 @@ class GDConfig(eqx.Module):
             choice("optimizer", self.optimizer, OPTIMIZERS)
         positive_int("steps", self.steps)
         positive_int("snapshots", self.snapshots)
+        choice("normalize", self.normalize, ("joint", "field"))
         if self.batch_size is not None:
             positive_int("batch_size", self.batch_size)
         if self.log_every is not None:
@@ -105,9 +110,26 @@ def make_optimizer(config: GDConfig) -> optax.GradientTransformation:
         return optax.sgd(lr, momentum=config.momentum)
     if config.optimizer == "adam":
         return optax.adam(lr)
-    return optax.chain(
-        optax.normalize_by_update_norm(scale_factor=1.0), optax.scale_by_learning_rate(lr)
-    )
+    return optax.chain(unit_updates(config.normalize), optax.scale_by_learning_rate(lr))
+
+
+def unit_updates(normalize: Literal["joint", "field"] = "joint") -> optax.GradientTransformation:
+    """Updates divided by their norm — jointly, or each parameter field (leaf) by its own —
+    with only the dtype's smallest normal number as a floor against 0/0, so the step length
+    stays exact for gradients of any size (``optax.normalize_by_update_norm`` adds 1e-6 to
+    the norm, which shortens every step once ‖∇‖ nears 1e-6)."""
+
+    def divide(g, norm):
+        return g / jnp.maximum(norm, jnp.finfo(g.dtype).tiny)
+
+    def update(updates, state, params=None):
+        del params
+        if normalize == "field":
+            return jax.tree.map(lambda g: divide(g, jnp.linalg.norm(g.ravel())), updates), state
+        norm = optax.global_norm(updates)
+        return jax.tree.map(lambda g: divide(g, norm), updates), state
+
+    return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
 
 
 def _split(key: PRNGKeyArray) -> tuple[PRNGKeyArray, PRNGKeyArray]:

@@ -238,3 +238,37 @@ def test_loss_sum_and_movement_for_the_theory():
         out.info["movement_U_relative"], moved / np.linalg.norm(start.U), rtol=1e-12
     )
     assert np.isinf(out.info["movement_W_relative"])  # W started at zero and moved
+
+
+@pytest.mark.parametrize("normalize", ["joint", "field"])
+def test_normalized_gd_takes_exact_steps_after_the_gradient_vanishes(normalize):
+    # a separable classification problem: the logistic loss's gradient falls below 1e-6 early,
+    # where a step divided by ‖∇‖ + 1e-6 would shrink; the float64 loop keeps full steps
+    mixture = mh.MixtureSpec(tokens=4, dim=6, noise=0.1)
+    data = mh.tokenized_mixture(jax.random.key(3), mixture, 8)
+    problem = mh.ClassificationProblem(X=data.X, y=data.y, spec=mh.ClassifierSpec(), heads=2)
+    config = mh.GDConfig(optimizer="normalized_gd", steps=2000, lr=0.1, normalize=normalize)
+    fit = config.fit(KEY, problem)
+    params = config.start(KEY, problem)
+    grad = jax.jit(jax.grad(problem.loss))
+    smallest = np.inf
+    for _ in range(2000):
+        g = grad(params)
+        leaves = [np.asarray(x, np.float64) for x in jax.tree.leaves(g)]
+        if normalize == "joint":
+            norm = np.sqrt(sum(np.sum(x**2) for x in leaves))
+            norms = [norm] * len(leaves)
+        else:
+            norms = [np.sqrt(np.sum(x**2)) for x in leaves]
+        smallest = min(smallest, np.sqrt(sum(np.sum(x**2) for x in leaves)))
+        new = [
+            p - 0.1 * x / n for p, x, n in zip(jax.tree.leaves(params), leaves, norms, strict=True)
+        ]
+        params = jax.tree.unflatten(jax.tree.structure(params), new)
+    assert smallest < 1e-6  # the regime the fix is about
+    for got, want in zip(jax.tree.leaves(fit.params), jax.tree.leaves(params), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-9)
+    moved = np.array([fit.info["movement_W"], fit.info["movement_U"]])
+    if normalize == "field":  # each field moves by at most lr per step, ~lr·steps when aligned
+        assert np.all(moved <= 0.1 * 2000 + 1e-9)
+    assert int(fit.status.steps_taken) == 2000
