@@ -49,7 +49,8 @@ class GDConfig(eqx.Module):
     −∇/‖∇‖, however small ‖∇‖ is; ``normalize="joint"`` divides by the norm of the whole
     gradient, ``"field"`` each parameter field's gradient by its own norm, so every field
     moves by ``lr``), or any optax factory taking the learning rate first (for example
-    ``optax.lion``).
+    ``optax.lion``). ``trainable`` names the parameter fields that train (e.g. ``("W",)``;
+    ``None``: all); the others keep their start exactly and take no part in a joint norm.
     ``batch_size=None`` is full batch; otherwise each step draws ``batch_size`` samples without
     replacement. ``snapshots`` log-spaced steps (0 and ``steps`` included) are traced, or
     every ``log_every`` steps when it is set.
@@ -63,6 +64,7 @@ class GDConfig(eqx.Module):
     snapshots: int = eqx.field(static=True, default=40)
     log_every: int | None = eqx.field(static=True, default=None)
     normalize: Literal["joint", "field"] = eqx.field(static=True, default="joint")
+    trainable: tuple[str, ...] | None = eqx.field(static=True, default=None)
     lr: float | Array = 1e-2
     momentum: float | Array = 0.9
     tol: float | Array = 0.0
@@ -157,6 +159,19 @@ class _Carry(eqx.Module):
     loss_sum: Float[Array, ""]  # Σ of the loss seen at every applied update
 
 
+def _frozen_to_zero(tree: PyTree, trainable: tuple[str, ...] | None) -> PyTree:
+    """``tree`` (gradients or updates, shaped like the parameters) with the leaves of every
+    field not in ``trainable`` set to zero."""
+    if trainable is None:
+        return tree
+
+    def keep(path, leaf):
+        field = getattr(path[0], "name", getattr(path[0], "key", None))
+        return leaf if field in trainable else jnp.zeros_like(leaf)
+
+    return jax.tree_util.tree_map_with_path(keep, tree)
+
+
 def _step(problem, config: GDConfig, opt, k_batch, carry: _Carry) -> tuple[_Carry, Array]:
     """One optimiser step, applied only when its loss and new parameters are finite and the
     loss is above ``tol``; returns the new state and the loss the step saw."""
@@ -165,7 +180,9 @@ def _step(problem, config: GDConfig, opt, k_batch, carry: _Carry) -> tuple[_Carr
         k = jax.random.fold_in(k_batch, carry.t)
         idx = jax.random.choice(k, problem.samples, (config.batch_size,), replace=False)
     loss, grads = problem.loss_and_grad(carry.params, idx)
+    grads = _frozen_to_zero(grads, config.trainable)
     updates, new_state = opt.update(grads, carry.opt_state, carry.params)
+    updates = _frozen_to_zero(updates, config.trainable)
     new_params = optax.apply_updates(carry.params, updates)
     finite = jnp.isfinite(loss) & _all_finite(new_params)
     done = loss <= config.tol
@@ -224,6 +241,15 @@ def _fit(key: PRNGKeyArray, problem, config: GDConfig, monitor: Monitor | None) 
     k_init, k_batch = _split(key)
     opt = make_optimizer(config)
     start = problem.init(k_init)
+    if config.trainable is not None:
+        fields = {
+            getattr(p[0], "name", None) for p, _ in jax.tree_util.tree_leaves_with_path(start)
+        }
+        unknown = sorted(set(config.trainable) - fields)
+        if unknown:
+            raise ValueError(
+                f"trainable must name parameter fields of {sorted(fields)}, received {unknown}"
+            )
     snap_steps = config.snapshot_steps()
     lengths = np.diff(snap_steps, prepend=0)
     dtype = jax.tree.leaves(start)[0].dtype

@@ -272,3 +272,28 @@ def test_normalized_gd_takes_exact_steps_after_the_gradient_vanishes(normalize):
     if normalize == "field":  # each field moves by at most lr per step, ~lr·steps when aligned
         assert np.all(moved <= 0.1 * 2000 + 1e-9)
     assert int(fit.status.steps_taken) == 2000
+
+
+@pytest.mark.parametrize("optimizer", ["normalized_gd", "adam"])
+def test_frozen_fields_keep_their_start_and_the_rest_trains_as_alone(optimizer):
+    mixture = mh.MixtureSpec(tokens=4, dim=6, noise=0.1)
+    data = mh.tokenized_mixture(jax.random.key(3), mixture, 8)
+    problem = mh.ClassificationProblem(X=data.X, y=data.y, spec=mh.ClassifierSpec(), heads=2)
+    config = mh.GDConfig(optimizer=optimizer, steps=200, lr=0.1, trainable=("W",))
+    fit = config.fit(KEY, problem)
+    start = config.start(KEY, problem)
+    np.testing.assert_array_equal(fit.params.U, start.U)
+    # W alone, by hand: the readout is a constant of the loss
+    opt = optax.adam(0.1) if optimizer == "adam" else None
+    W, state = start.W, opt.init(start.W) if opt else None
+    grad = jax.jit(jax.grad(lambda w: problem.loss(mh.ClassifierParams(W=w, U=start.U))))
+    for _ in range(200):
+        g = grad(W)
+        if opt:
+            step, state = opt.update(g, state, W)
+            W = W + step
+        else:
+            W = W - 0.1 * g / np.linalg.norm(np.ravel(g))
+    np.testing.assert_allclose(fit.params.W, W, rtol=1e-9, atol=1e-9)
+    with pytest.raises(ValueError, match=r"trainable must name parameter fields of \['U', 'W'\]"):
+        mh.GDConfig(steps=2, trainable=("V",)).fit(KEY, problem)
