@@ -159,6 +159,11 @@ class _Carry(eqx.Module):
     loss_sum: Float[Array, ""]  # Σ of the loss seen at every applied update
 
 
+def _field_of(path) -> str | None:
+    """The parameter field (the Module attribute) a leaf's tree path starts with."""
+    return getattr(path[0], "name", None)
+
+
 def _frozen_to_zero(tree: PyTree, trainable: tuple[str, ...] | None) -> PyTree:
     """``tree`` (gradients or updates, shaped like the parameters) with the leaves of every
     field not in ``trainable`` set to zero."""
@@ -166,8 +171,7 @@ def _frozen_to_zero(tree: PyTree, trainable: tuple[str, ...] | None) -> PyTree:
         return tree
 
     def keep(path, leaf):
-        field = getattr(path[0], "name", getattr(path[0], "key", None))
-        return leaf if field in trainable else jnp.zeros_like(leaf)
+        return leaf if _field_of(path) in trainable else jnp.zeros_like(leaf)
 
     return jax.tree_util.tree_map_with_path(keep, tree)
 
@@ -242,9 +246,7 @@ def _fit(key: PRNGKeyArray, problem, config: GDConfig, monitor: Monitor | None) 
     opt = make_optimizer(config)
     start = problem.init(k_init)
     if config.trainable is not None:
-        fields = {
-            getattr(p[0], "name", None) for p, _ in jax.tree_util.tree_leaves_with_path(start)
-        }
+        fields = {_field_of(path) for path, _ in jax.tree_util.tree_leaves_with_path(start)}
         unknown = sorted(set(config.trainable) - fields)
         if unknown:
             raise ValueError(
