@@ -145,8 +145,12 @@ def lanczos_tridiagonal(
         b = jnp.linalg.norm(w)
         scale = jnp.maximum(scale, jnp.abs(a) + b)
         invariant = b <= 64 * eps * scale
-        fresh = orthogonalise(Q, draws.normal(jax.random.fold_in(k_fresh, i), (p,), dtype))
-        Q = Q.at[i + 1].set(jnp.where(invariant, unit(fresh), w / jnp.where(invariant, 1, b)))
+
+        def fresh():  # only computed (unbatched) when the Krylov space turned invariant
+            v = orthogonalise(Q, draws.normal(jax.random.fold_in(k_fresh, i), (p,), dtype))
+            return unit(v)
+
+        Q = Q.at[i + 1].set(jax.lax.cond(invariant, fresh, lambda: w / b))
         return Q, alpha.at[i].set(a), beta.at[i].set(jnp.where(invariant, 0.0, b)), scale
 
     Q = jnp.zeros((depth + 1, p), dtype).at[0].set(unit(draws.normal(k_start, (p,), dtype)))
