@@ -20,19 +20,51 @@ from jaxtyping import Array, Float
 from mhalearn._validate import arrays, check_shapes, choice, in_range
 
 
+@jax.custom_vjp
+def saturating_softmax(x: Float[Array, "*rows n"]) -> Float[Array, "*rows n"]:
+    """``jax.nn.softmax`` over the last axis, whose gradient stays accurate when attention
+    saturates.
+
+    The usual backward pass s ⊙ (g − s·g) loses the largest weight's entry once its weight
+    rounds to 1 (1 − s_m below the dtype's epsilon: a logit gap above ~37 in float64, ~16 in
+    float32): g_m − s·g cancels to 0 although its true value, s_m Σ_{j≠m} s_j (g_m − g_j),
+    is as large as the other entries. Gradient descent on a saturating head then follows a
+    wrong direction (its selected token's pull vanishes). Here the product is taken relative
+    to the largest entry, h = g − g_m: x̄ = s ⊙ (h − s·h), where every term is computed from
+    the small weights directly. Reverse mode only (forward-over-reverse, e.g. Hessian-vector
+    products, works; ``jax.jvp`` of this function itself does not).
+    """
+    return jax.nn.softmax(x, axis=-1)
+
+
+def _softmax_forward(x):
+    s = jax.nn.softmax(x, axis=-1)
+    return s, s
+
+
+def _softmax_backward(s, g):
+    m = jnp.argmax(s, axis=-1, keepdims=True)
+    h = g - jnp.take_along_axis(g, m, axis=-1)
+    return (s * (h - jnp.sum(s * h, axis=-1, keepdims=True)),)
+
+
+saturating_softmax.defvjp(_softmax_forward, _softmax_backward)
+
+
 def _attend(
     queries: Float[Array, "queries dim"],
     keys: Float[Array, "tokens dim"],
     theta: Float[Array, "heads dim dim"],
     temperature: float = 1.0,
+    softmax=saturating_softmax,
 ) -> Float[Array, "heads queries tokens"]:
     """softmax over keys of ``temperature * queries Θ_h keysᵀ`` for every head.
 
-    ``jax.nn.softmax`` subtracts the row maximum, so large finite scores give (near-)argmax
+    The softmax subtracts the row maximum, so large finite scores give (near-)argmax
     attention instead of ``inf``/``NaN``.
     """
     scores = jnp.einsum("qd,hde,ke->hqk", queries, theta, keys)
-    return jax.nn.softmax(temperature * scores, axis=-1)
+    return softmax(temperature * scores)
 
 
 def attention_weights(
@@ -41,7 +73,7 @@ def attention_weights(
     """Attention of every head: ``A_i = softmax(X Θ_i Xᵀ)``, each row summing to one over keys."""
     X, theta = arrays(X=X, theta=theta)
     check_shapes(("X", X, "tokens dim"), ("theta", theta, "heads dim dim"))
-    return _attend(X, X, theta)
+    return _attend(X, X, theta, softmax=lambda s: jax.nn.softmax(s, axis=-1))
 
 
 def head_features(
@@ -71,7 +103,7 @@ def mha(
 # --------------------------------------------------------------------------------------
 # The classifier score family of Deora et al. (reconstructed; every choice is an option)
 
-Query = Literal["all", "first", "prompt"]
+Query = Literal["all", "first", "prompt", "given"]
 Readout = Literal["matrix", "vector"]
 HeadScaling = Literal["sqrt", "mean", "sum"]
 
@@ -80,8 +112,13 @@ HeadScaling = Literal["sqrt", "mean", "sum"]
 class ClassifierSpec:
     """Structural choices of the classifier ``Φ(X) = α_H Σ_h ⟨U_h, softmax(τ·Q W_h Xᵀ) X⟩``.
 
-    - ``query``: ``"all"`` (Q = X, every token queries), ``"first"`` (Q = x_1) or
-      ``"prompt"`` (Q = p, a trainable prompt vector).
+    - ``query``: ``"all"`` (Q = X, every token queries), ``"first"`` (Q = x_1: the
+      self-attention of Tarzanagh et al.), ``"prompt"`` (Q = p, a trainable prompt vector) or
+      ``"given"`` (Q = z, a query token given with each sample: their cross-attention).
+
+    Transpose convention: query q scores token x as ``qᵀ W_h x`` (W acts on the query from the
+    left). Tarzanagh et al. ("Transformers as Support Vector Machines") write ``xᵀ W z``: their
+    W is our ``W_hᵀ``.
     - ``readout``: ``"matrix"`` (U_h of shape ``(queries, dim)``) or ``"vector"`` (u_h of
       shape ``(dim,)`` applied to every query's output and summed, i.e. U_h = 1 u_hᵀ).
     - ``head_scaling``: α_H = 1/√H (``"sqrt"``), 1/H (``"mean"``) or 1 (``"sum"``), with H
@@ -95,7 +132,7 @@ class ClassifierSpec:
     temperature: float = 1.0
 
     def __post_init__(self):
-        choice("query", self.query, ("all", "first", "prompt"))
+        choice("query", self.query, ("all", "first", "prompt", "given"))
         choice("readout", self.readout, ("matrix", "vector"))
         choice("head_scaling", self.head_scaling, ("sqrt", "mean", "sum"))
         in_range("temperature", self.temperature, 0.0, open_low=True)
@@ -119,24 +156,33 @@ def head_scale(active_heads: Float[Array, ""], scaling: HeadScaling) -> Float[Ar
     return jnp.ones_like(h)
 
 
+def _query_vector(name: str, query: str, value, dim: int) -> Float[Array, "1 dim"]:
+    if value is None:
+        raise ValueError(f"{name}: query={query!r} needs a {name} of shape (dim,), received None")
+    (value,) = arrays(**{name: value})
+    check_shapes((name, value, "dim"), dim=dim)
+    return value[None, :]
+
+
 def classifier_attention(
     X: Float[Array, "tokens dim"],
     W: Float[Array, "heads dim dim"],
     spec: ClassifierSpec,
     prompt: Float[Array, " dim"] | None = None,
+    query_token: Float[Array, " dim"] | None = None,
 ) -> Float[Array, "heads queries tokens"]:
-    """Attention of the classifier's queries over the tokens, for every head."""
+    """Attention of the classifier's queries over the tokens, for every head: query q gives
+    token x the weight ∝ exp(τ·qᵀ W_h x). ``query_token`` is the sample's query when
+    ``spec.query == "given"``."""
     X, W = arrays(X=X, W=W)
     check_shapes(("X", X, "tokens dim"), ("W", W, "heads dim dim"))
     if spec.query == "prompt":
-        if prompt is None:
-            raise ValueError("prompt: query='prompt' needs a prompt of shape (dim,), received None")
-        (prompt,) = arrays(prompt=prompt)
-        check_shapes(("prompt", prompt, "dim"), dim=X.shape[1])
-        queries = prompt[None, :]
+        queries = _query_vector("prompt", spec.query, prompt, X.shape[1])
+    elif spec.query == "given":
+        queries = _query_vector("query_token", spec.query, query_token, X.shape[1])
     else:
         queries = X if spec.query == "all" else X[:1]
-    return _attend(queries, X, W, spec.temperature)
+    return _attend(queries, X, W, spec.temperature, saturating_softmax)
 
 
 def classifier_score(
@@ -146,15 +192,17 @@ def classifier_score(
     spec: ClassifierSpec,
     prompt: Float[Array, " dim"] | None = None,
     head_mask: Float[Array, " heads"] | None = None,
+    query_token: Float[Array, " dim"] | None = None,
 ) -> Float[Array, ""]:
-    """The classifier's real-valued score ``Φ(X)``; the label is its sign.
+    """The classifier's real-valued score ``Φ(X)``; the label is its sign. ``query_token``:
+    the sample's query when ``spec.query == "given"``.
 
     ``head_mask`` (0/1 per head, an array so it can vary under ``vmap``) switches heads off:
     a masked head contributes nothing and α_H is computed from the active count, so models
     with different numbers of heads share one compilation.
     """
     X, W, U = arrays(X=X, W=W, U=U)
-    A = classifier_attention(X, W, spec, prompt)
+    A = classifier_attention(X, W, spec, prompt, query_token)
     sizes = check_shapes(
         ("U", U, spec.readout_axes()),
         heads=W.shape[0],

@@ -47,7 +47,9 @@ def mha(X, theta, W) -> np.ndarray:
     return out
 
 
-def classifier_score(X, W, U, query, readout, scaling, temperature, prompt=None, mask=None):
+def classifier_score(
+    X, W, U, query, readout, scaling, temperature, prompt=None, mask=None, query_token=None
+):
     X = np.asarray(X, np.float64)
     heads = W.shape[0]
     mask = np.ones(heads) if mask is None else np.asarray(mask, np.float64)
@@ -55,6 +57,7 @@ def classifier_score(X, W, U, query, readout, scaling, temperature, prompt=None,
         "all": X,
         "first": X[:1],
         "prompt": None if prompt is None else np.asarray(prompt)[None],
+        "given": None if query_token is None else np.asarray(query_token)[None],
     }[query]
     A = attention(queries, X, W, temperature)
     total = 0.0

@@ -1,4 +1,5 @@
 import itertools
+from functools import partial
 
 import chex
 import jax
@@ -102,7 +103,7 @@ def test_huge_theta_gives_argmax_attention_without_nan(rng, dtype, scale):
 # ---- the classifier family ------------------------------------------------------------
 
 QUERIES, READOUTS, SCALINGS = (
-    ("all", "first", "prompt"),
+    ("all", "first", "prompt", "given"),
     ("matrix", "vector"),
     ("sqrt", "mean", "sum"),
 )
@@ -113,8 +114,13 @@ def classifier_inputs(rng, spec, heads, tokens, dim):
     W = 0.7 * rng.standard_normal((heads, dim, dim))
     q = spec.queries(tokens)
     U = rng.standard_normal((heads, q, dim) if spec.readout == "matrix" else (heads, dim))
-    prompt = rng.standard_normal(dim) if spec.query == "prompt" else None
-    return X, W, U, prompt
+    vector = rng.standard_normal(dim) if spec.query in ("prompt", "given") else None
+    return X, W, U, vector
+
+
+def query_args(spec, vector):
+    """The prompt or the sample's query token, as keyword arguments of the kernels."""
+    return {"query_token": vector} if spec.query == "given" else {"prompt": vector}
 
 
 @pytest.mark.parametrize(
@@ -123,11 +129,13 @@ def classifier_inputs(rng, spec, heads, tokens, dim):
 def test_classifier_matches_loop_reference(rng, query, readout, scaling):
     heads, tokens, dim = 3, 5, 7
     spec = mh.ClassifierSpec(query=query, readout=readout, head_scaling=scaling, temperature=0.6)
-    X, W, U, prompt = classifier_inputs(rng, spec, heads, tokens, dim)
+    X, W, U, vector = classifier_inputs(rng, spec, heads, tokens, dim)
     mask = np.array([1.0, 0.0, 1.0])
     for m in (None, mask):
-        got = mh.classifier_score(X, W, U, spec, prompt, m)
-        want = ref.classifier_score(X, W, U, query, readout, scaling, 0.6, prompt, m)
+        got = mh.classifier_score(X, W, U, spec, head_mask=m, **query_args(spec, vector))
+        want = ref.classifier_score(
+            X, W, U, query, readout, scaling, 0.6, mask=m, **query_args(spec, vector)
+        )
         np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
 
 
@@ -148,11 +156,13 @@ def test_vector_readout_is_matrix_readout_with_repeated_rows(rng):
 def test_classifier_gradients_equal_closed_form(rng, query, readout):
     heads, tokens, dim, tau = 3, 5, 7, 0.8
     spec = mh.ClassifierSpec(query=query, readout=readout, temperature=tau)
-    X, W, U, prompt = classifier_inputs(rng, spec, heads, tokens, dim)
+    X, W, U, vector = classifier_inputs(rng, spec, heads, tokens, dim)
     mask = np.array([1.0, 1.0, 0.0])
-    gW, gU = jax.grad(mh.classifier_score, argnums=(1, 2))(X, W, U, spec, prompt, mask)
+    score = partial(mh.classifier_score, spec=spec, head_mask=mask, **query_args(spec, vector))
+    gW, gU = jax.grad(score, argnums=(1, 2))(X, W, U)
     alpha = 1 / np.sqrt(mask.sum())
-    Q = {"all": X, "first": X[:1], "prompt": None if prompt is None else prompt[None]}[query]
+    single = None if vector is None else vector[None]
+    Q = {"all": X, "first": X[:1], "prompt": single, "given": single}[query]
     A = ref.attention(Q, X, W, tau)
     for h in range(heads):
         Uh = U[h] if readout == "matrix" else np.tile(U[h], (len(Q), 1))
@@ -170,10 +180,11 @@ def test_classifier_gradients_equal_closed_form(rng, query, readout):
 @pytest.mark.parametrize("readout", READOUTS)
 def test_zero_readout_gives_zero_attention_gradient(rng, query, readout):
     spec = mh.ClassifierSpec(query=query, readout=readout)
-    X, W, U, prompt = classifier_inputs(rng, spec, 3, 5, 7)
-    gW = jax.grad(mh.classifier_score, argnums=1)(X, W, np.zeros_like(U), spec, prompt)
+    X, W, U, vector = classifier_inputs(rng, spec, 3, 5, 7)
+    score = partial(mh.classifier_score, spec=spec, **query_args(spec, vector))
+    gW = jax.grad(score, argnums=1)(X, W, np.zeros_like(U))
     assert np.all(gW == 0)
-    assert np.any(jax.grad(mh.classifier_score, argnums=1)(X, W, U, spec, prompt) != 0)
+    assert np.any(jax.grad(score, argnums=1)(X, W, U) != 0)
 
 
 @pytest.mark.parametrize("scaling", SCALINGS)
@@ -300,3 +311,26 @@ def test_classifier_bad_input():
     ]:
         with pytest.raises(ValueError, match=next(iter(bad))):
             mh.ClassifierSpec(**bad)
+
+
+def test_saturating_softmax_gradient_keeps_the_selected_entry():
+    """Logit gaps of 40–60 (weights below float64's epsilon): the gradient equals the
+    pairwise closed form x̄_k = s_k Σ_j s_j (g_k − g_j) (every term a product of small
+    weights, no cancellation), where jax.nn.softmax's backward pass loses the largest entry."""
+    x = np.array([[0.0, -40.0, -45.0, -60.0], [3.0, 2.0, -50.0, 1.0]])
+    g = np.array([[0.3, -1.2, 0.7, 2.0], [1.0, -0.5, 0.25, 2.0]])
+    s = np.exp(x - x.max(1, keepdims=True))
+    s /= s.sum(1, keepdims=True)
+    want = s * np.einsum("rj,rkj->rk", s, g[:, :, None] - g[:, None, :])
+
+    def pulled(softmax):
+        return np.asarray(jax.vjp(softmax, jnp.asarray(x))[1](jnp.asarray(g))[0])
+
+    got = pulled(mh.kernels.saturating_softmax)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=0)
+    plain = pulled(lambda v: jax.nn.softmax(v, axis=-1))
+    assert abs(plain[0, 0] - want[0, 0]) > 0.5 * abs(want[0, 0])  # the entry the fix keeps
+    np.testing.assert_allclose(plain[1], want[1], rtol=1e-12)  # unsaturated: the same
+    np.testing.assert_array_equal(
+        mh.kernels.saturating_softmax(jnp.asarray(x)), jax.nn.softmax(jnp.asarray(x), axis=-1)
+    )
