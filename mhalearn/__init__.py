@@ -6,7 +6,14 @@ one instance and batched with ``jax.vmap``. Library code never enables float64: 
 """
 
 from mhalearn._version import __version__
-from mhalearn.batch import Engine, enable_compilation_cache, map_instances, set_precision, split_cpu
+from mhalearn.batch import (
+    Engine,
+    PerInstance,
+    enable_compilation_cache,
+    map_instances,
+    set_precision,
+    split_cpu,
+)
 from mhalearn.data import (
     Mixture,
     MixtureSpec,
@@ -45,12 +52,14 @@ from mhalearn.params import ClassifierParams, LayerParams
 from mhalearn.problems import (
     ClassificationProblem,
     ClassifierStart,
+    GivenStart,
     Problem,
     RegressionProblem,
     RegressionStart,
+    start_point,
 )
 from mhalearn.simulate import InstanceKeys, Results, measure, simulate
-from mhalearn.tasks import ClassificationTask, RegressionTask, Task
+from mhalearn.tasks import ClassificationTask, RegressionTask, Task, UserTask
 from mhalearn.teachers import (
     FAMILIES,
     ParameterDiagnostics,
@@ -78,6 +87,7 @@ __all__ = [
     "Engine",
     "Fit",
     "GDConfig",
+    "GivenStart",
     "InstanceKeys",
     "LayerParams",
     "Learner",
@@ -86,6 +96,7 @@ __all__ = [
     "OracleConfig",
     "ParameterDiagnostics",
     "ParameterErrors",
+    "PerInstance",
     "Problem",
     "RegressionProblem",
     "RegressionStart",
@@ -96,6 +107,7 @@ __all__ = [
     "TeacherInfo",
     "TeacherSpec",
     "UniformConfig",
+    "UserTask",
     "VarProConfig",
     "__version__",
     "attention_statistics",
@@ -124,6 +136,7 @@ __all__ = [
     "simulate",
     "split_cpu",
     "squared_loss_and_grad",
+    "start_point",
     "teacher_diagnostics",
     "tokenized_mixture",
 ]

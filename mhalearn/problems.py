@@ -3,7 +3,8 @@
 A problem (:class:`Problem`) is what every learner fits (``learner.fit(key, problem)``). It
 knows:
 
-- ``init(key)``: the student's starting parameters;
+- ``init(key)``: the student's random start (learners ask :func:`start_point`, which returns
+  a :class:`GivenStart` instead when the problem's ``start`` is one);
 - ``loss(params, idx=None)``: the training loss on all samples, or on the samples ``idx``;
 - ``loss_and_grad(params, idx=None)``: that loss and its gradient (gradient learners call
   it; the regression problem's is derived by hand, :mod:`mhalearn.layer`);
@@ -14,6 +15,7 @@ Numbers (init scales) are PyTree leaves; structure (student heads, model spec) i
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Protocol, runtime_checkable
 
@@ -24,6 +26,7 @@ from jaxtyping import Array, Float, Int, PRNGKeyArray, PyTree
 
 from mhalearn import draws
 from mhalearn._validate import check_shapes, in_range, positive_int
+from mhalearn.batch import unwrap
 from mhalearn.kernels import ClassifierSpec, classifier_score
 from mhalearn.layer import layer_outputs, squared_loss_and_grad
 from mhalearn.losses import logistic_loss, squared_loss
@@ -59,8 +62,39 @@ def predict_layer(
     return layer_outputs(X, params.theta, params.W)
 
 
-def _take(a: Array, idx: Int[Array, " batch"] | None) -> Array:
-    return a if idx is None else a[idx]
+def _take(a: Array | None, idx: Int[Array, " batch"] | None) -> Array | None:
+    return a if idx is None or a is None else a[idx]
+
+
+class GivenStart(eqx.Module):
+    """A start point given, not drawn: ``params`` (the problem's parameter PyTree) is where
+    every learner that starts from a point starts (all of a learner's restarts alike; the
+    classifier's one-step initialisation is not applied). Per instance under
+    :func:`~mhalearn.simulate.simulate`: wrap the stacked parameters (``jax.vmap`` of the
+    parameter class builds them) in :class:`~mhalearn.batch.PerInstance`."""
+
+    params: PyTree
+
+
+def start_point(problem: Problem, key: PRNGKeyArray) -> PyTree:
+    """Where a learner starts on ``problem``: its :class:`GivenStart` when its ``start`` is
+    one (checked against the shapes that ``problem.init`` draws under the field's default
+    law, when it has one), else ``problem.init(key)``."""
+    start = getattr(problem, "start", None)
+    if not isinstance(start, GivenStart):
+        return problem.init(key)
+    given = unwrap(start.params)
+    law = {f.name: f.default for f in dataclasses.fields(problem)}.get("start")
+    if law is None or law is dataclasses.MISSING:
+        return given
+    drawn = jax.eval_shape(dataclasses.replace(problem, start=law).init, key)
+    shapes = lambda tree: jax.tree.map(lambda a: (tuple(a.shape), str(a.dtype)), tree)  # noqa: E731
+    if jax.tree.structure(drawn) != jax.tree.structure(given) or shapes(drawn) != shapes(given):
+        raise ValueError(
+            f"GivenStart: expected parameters shaped as the problem's start, {shapes(drawn)}, "
+            f"received {shapes(given)}"
+        )
+    return given
 
 
 class RegressionStart(eqx.Module):
@@ -104,7 +138,7 @@ class RegressionProblem(eqx.Module):
     X: Float[Array, "samples tokens dim"]
     Y: Float[Array, "samples tokens dim"]
     heads: int = eqx.field(static=True)
-    start: RegressionStart = RegressionStart()
+    start: RegressionStart | GivenStart = RegressionStart()
     teacher: LayerParams | None = None  # the truth, for oracle baselines only
 
     def __check_init__(self):
@@ -141,8 +175,9 @@ class ClassificationProblem(eqx.Module):
     """Fit the classifier family (``spec``, up to ``heads`` heads) to labels ``y`` ∈ {±1}.
 
     Loss: mean logistic loss. ``active_heads`` (a leaf, so it can vary under ``vmap``) masks
-    the heads beyond it; α_H uses the active count. The student starts at ``start``
-    (:class:`ClassifierStart`).
+    the heads beyond it; α_H uses the active count. ``Z`` holds each sample's query token when
+    ``spec.query == "given"`` (cross-attention). The student starts at ``start``
+    (:class:`ClassifierStart`, or a :class:`GivenStart`).
     """
 
     X: Float[Array, "samples tokens dim"]
@@ -150,11 +185,19 @@ class ClassificationProblem(eqx.Module):
     spec: ClassifierSpec = eqx.field(static=True)
     heads: int = eqx.field(static=True)
     active_heads: int | Array | None = None
-    start: ClassifierStart = ClassifierStart()
+    start: ClassifierStart | GivenStart = ClassifierStart()
+    Z: Float[Array, "samples dim"] | None = None
 
     def __check_init__(self):
         positive_int("heads", self.heads)
         check_shapes(("X", self.X, "samples tokens dim"), ("y", self.y, "samples"))
+        if (self.spec.query == "given") != (self.Z is not None):
+            raise ValueError(
+                "Z: a query token per sample, shape (samples, dim), is needed exactly when "
+                f"spec.query == 'given' (query={self.spec.query!r}, Z given: {self.Z is not None})"
+            )
+        if self.Z is not None:
+            check_shapes(("X", self.X, "samples tokens dim"), ("Z", self.Z, "samples dim"))
 
     @property
     def samples(self) -> int:
@@ -183,16 +226,25 @@ class ClassificationProblem(eqx.Module):
         return jax.tree.map(lambda p, g: p - self.start.one_step * g, params, grads)
 
     def scores(
-        self, params: ClassifierParams, X: Float[Array, "n tokens dim"]
+        self,
+        params: ClassifierParams,
+        X: Float[Array, "n tokens dim"],
+        Z: Float[Array, "n dim"] | None = None,
     ) -> Float[Array, " n"]:
+        """The scores of sequences ``X`` (with their query tokens ``Z`` when the queries are
+        given)."""
         mask = self.head_mask()
-        score = lambda x: classifier_score(x, params.W, params.U, self.spec, params.prompt, mask)  # noqa: E731
-        return jax.vmap(score)(X)
+
+        def score(x, z):
+            return classifier_score(x, params.W, params.U, self.spec, params.prompt, mask, z)
+
+        return jax.vmap(score)(X, Z)
 
     def loss(
         self, params: ClassifierParams, idx: Int[Array, " batch"] | None = None
     ) -> Float[Array, ""]:
-        return logistic_loss(self.scores(params, _take(self.X, idx)), _take(self.y, idx))
+        scores = self.scores(params, _take(self.X, idx), _take(self.Z, idx))
+        return logistic_loss(scores, _take(self.y, idx))
 
     def loss_and_grad(
         self, params: ClassifierParams, idx: Int[Array, " batch"] | None = None

@@ -9,7 +9,8 @@ goes through :func:`measure`, which :func:`simulate` is built on: one key split 
 
 Numbers in ``task`` and ``learner`` (β, noise, init scales, learning rate, ...) are shared by
 every instance when they are scalars, and swept when they are arrays of shape
-``(instances,)``: the whole sweep is one compilation.
+``(instances,)``: the whole sweep is one compilation. Whole arrays that differ per instance
+(the user's own data, a start point per instance) are wrapped in :class:`PerInstance`.
 """
 
 from __future__ import annotations
@@ -25,7 +26,15 @@ import numpy as np
 from jaxtyping import PRNGKeyArray
 
 from mhalearn._validate import positive_int
-from mhalearn.batch import Engine, map_instances, provenance, select_devices
+from mhalearn.batch import (
+    Engine,
+    PerInstance,
+    Shared,
+    is_per_instance,
+    map_instances,
+    provenance,
+    select_devices,
+)
 from mhalearn.learners.base import Learner
 from mhalearn.tasks import Task
 from mhalearn.variables import annotate
@@ -36,9 +45,11 @@ def _path_name(path) -> str:
 
 
 def split_sweep(tree: Any, instances: int) -> tuple[Any, Any]:
-    """Split a spec into its swept part (leaves of shape ``(instances,)``) and the rest.
+    """Split a spec into its swept part (leaves of shape ``(instances,)``, and every array in
+    a :class:`PerInstance`) and the rest (arrays in a :class:`Shared` are never swept).
 
-    Raises ``ValueError`` for an array leaf that is neither a scalar nor per-instance.
+    Raises ``ValueError`` for an array leaf that is neither a scalar nor per-instance, or a
+    :class:`PerInstance` array without the leading instance axis.
     """
 
     def is_swept(path, leaf) -> bool:
@@ -48,17 +59,47 @@ def split_sweep(tree: Any, instances: int) -> tuple[Any, Any]:
         if shape != (instances,):
             raise ValueError(
                 f"{_path_name(path)}: expected a scalar or one value per instance, shape "
-                f"(instances,) = ({instances},), received shape {shape}"
+                f"(instances,) = ({instances},), received shape {shape} (wrap arrays that "
+                "differ per instance in PerInstance)"
             )
         return True
 
-    mask = jax.tree_util.tree_map_with_path(is_swept, tree)
+    def per_instance(path, leaf) -> bool:
+        if not eqx.is_array_like(leaf):
+            return False
+        if np.shape(leaf)[:1] != (instances,):
+            raise ValueError(
+                f"{_path_name(path)}: a PerInstance array needs a leading axis of length "
+                f"instances = {instances}, received shape {np.shape(leaf)}"
+            )
+        return True
+
+    def mark(path, node):
+        if is_per_instance(node):
+            return jax.tree_util.tree_map_with_path(
+                lambda p, leaf: per_instance((*path, *p), leaf), node
+            )
+        if isinstance(node, Shared):
+            return jax.tree_util.tree_map_with_path(
+                lambda p, n: mark((*path, *p), n) if is_per_instance(n) else False,
+                node,
+                is_leaf=is_per_instance,
+            )
+        return is_swept(path, node)
+
+    wrapped = lambda node: isinstance(node, PerInstance | Shared)  # noqa: E731
+    mask = jax.tree_util.tree_map_with_path(mark, tree, is_leaf=wrapped)
     return eqx.partition(tree, mask)
 
 
 def swept_values(swept: Any) -> dict[str, np.ndarray]:
-    leaves = jax.tree_util.tree_leaves_with_path(swept)
-    return {_path_name(path): np.asarray(leaf) for path, leaf in leaves}
+    """The swept numbers, by path (arrays in :class:`PerInstance` are data, not a sweep)."""
+    leaves = jax.tree_util.tree_leaves_with_path(swept, is_leaf=is_per_instance)
+    return {
+        _path_name(path): np.asarray(leaf)
+        for path, leaf in leaves
+        if leaf is not None and not is_per_instance(leaf)
+    }
 
 
 def to_jsonable(obj: Any) -> Any:

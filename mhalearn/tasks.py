@@ -10,6 +10,7 @@ instance under ``vmap``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
 import equinox as eqx
@@ -19,6 +20,7 @@ from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
 from mhalearn import draws
 from mhalearn._validate import in_range, positive_int
+from mhalearn.batch import Shared, unwrap
 from mhalearn.data import Mixture, MixtureSpec, sample_tokens, tokenized_mixture
 from mhalearn.kernels import ClassifierSpec
 from mhalearn.learners.base import Fit
@@ -34,6 +36,8 @@ from mhalearn.params import ClassifierParams, LayerParams
 from mhalearn.problems import (
     ClassificationProblem,
     ClassifierStart,
+    GivenStart,
+    Problem,
     RegressionProblem,
     RegressionStart,
     predict_layer,
@@ -81,7 +85,7 @@ class RegressionTask(eqx.Module):
     ΣW error, span angle, normalised prediction error on ``test_samples`` fresh inputs of the
     training distribution and of the other one (Boolean ↔ Gaussian), and ``success`` when
     every matched parameter is within ``success_tol`` (relative Frobenius error). The student
-    starts at ``start``.
+    starts at ``start`` (a random law, or a :class:`~mhalearn.problems.GivenStart`).
     """
 
     teacher: TeacherSpec
@@ -89,7 +93,7 @@ class RegressionTask(eqx.Module):
     student_heads: int | None = eqx.field(static=True, default=None)
     test_samples: int = eqx.field(static=True, default=512)
     label_noise: float | Array = 0.0
-    start: RegressionStart = RegressionStart()
+    start: RegressionStart | GivenStart = RegressionStart()
     success_tol: float | Array = 1e-3
 
     def __check_init__(self):
@@ -172,7 +176,8 @@ class ClassificationTask(eqx.Module):
 
     ``heads`` is the model's head count; ``active_heads`` (a leaf, default all) masks the rest,
     so head counts can be swept in one compilation. ``start`` sets the initialisation
-    (:class:`~mhalearn.problems.ClassifierStart`). Metrics: train
+    (:class:`~mhalearn.problems.ClassifierStart`, or a
+    :class:`~mhalearn.problems.GivenStart`). Metrics: train
     and test logistic loss and 0-1 error (``test_samples`` fresh draws of the mixture); the
     trace follows the training 0-1 error, and the test loss, test error and attention mass on
     relevant positions (:func:`~mhalearn.metrics.theory.relevant_attention`) on another
@@ -185,9 +190,14 @@ class ClassificationTask(eqx.Module):
     samples: int = eqx.field(static=True, default=256)
     test_samples: int = eqx.field(static=True, default=1024)
     active_heads: int | Array | None = None
-    start: ClassifierStart = ClassifierStart()
+    start: ClassifierStart | GivenStart = ClassifierStart()
 
     def __check_init__(self):
+        if self.model.query == "given":
+            raise ValueError(
+                "model: the tokenized mixture has no query token per sample (query='given'); "
+                "use UserTask with your own queries"
+            )
         positive_int("heads", self.heads)
         positive_int("samples", self.samples)
         positive_int("test_samples", self.test_samples)
@@ -248,3 +258,52 @@ class ClassificationTask(eqx.Module):
             "gap": held_out.loss - train.loss,
             "active_heads": jnp.sum(problem.head_mask()),
         }
+
+
+class UserTask(eqx.Module):
+    """A task from the user's own data and model, batched like the built-in ones.
+
+    - ``data``: the instances' data, a PyTree of arrays every instance sees whole; wrap what
+      differs per instance in :class:`~mhalearn.batch.PerInstance` (arrays with a leading
+      instance axis; instance i sees slice i). Or ``draw(key) -> data``: a function drawing
+      one instance's data from its problem key (then ``data`` is ``None``).
+    - ``problem(data) -> Problem``: the model to fit on that data (a built-in problem, or the
+      user's own class with ``init``/``loss``/``loss_and_grad``/``samples``; give it a
+      ``start`` field to accept a :class:`~mhalearn.problems.GivenStart`).
+    - ``metrics(data, problem, params) -> {name: scalar}`` (optional): the user's scores; they
+      are recorded at the learner's snapshots too unless ``trace_metrics`` is False.
+
+    The instance's "truth" (what the metrics see) is its data. Reported beside the user's
+    metrics: ``train_loss``, the problem's loss at the fit.
+    """
+
+    problem: Callable[[Any], Problem] = eqx.field(static=True)
+    data: Any = eqx.field(default=None, converter=lambda v: v if v is None else Shared(v))
+    draw: Callable[[PRNGKeyArray], Any] | None = eqx.field(static=True, default=None)
+    metrics: Callable[[Any, Any, Any], dict[str, Array]] | None = eqx.field(
+        static=True, default=None
+    )
+    trace_metrics: bool = eqx.field(static=True, default=True)
+
+    def __check_init__(self):
+        if (self.data is None) == (self.draw is None):
+            raise ValueError("UserTask: give exactly one of data (arrays) and draw (a function)")
+
+    def sample(self, key: PRNGKeyArray) -> tuple[Any, Problem]:
+        data = self.data if self.draw is None else self.draw(key)
+        data = unwrap(data)
+        return data, self.problem(data)
+
+    def checks(self, data: Any) -> dict[str, Bool[Array, ""]]:
+        del data
+        return {}
+
+    def _scores(self, data: Any, problem: Problem, params: Any) -> dict[str, Array]:
+        return {} if self.metrics is None else dict(self.metrics(data, problem, params))
+
+    def monitor(self, data: Any, problem: Problem, params: Any) -> dict[str, Array]:
+        return self._scores(data, problem, params) if self.trace_metrics else {}
+
+    def evaluate(self, key: PRNGKeyArray, data: Any, problem: Problem, fit: Fit):
+        del key
+        return {"train_loss": problem.loss(fit.params), **self._scores(data, problem, fit.params)}

@@ -23,7 +23,7 @@ from mhalearn.learners.linear import solve_values
 from mhalearn.learners.registry import register_learner
 from mhalearn.learners.varpro import VarProConfig, levenberg_marquardt
 from mhalearn.params import LayerParams
-from mhalearn.problems import RegressionProblem
+from mhalearn.problems import RegressionProblem, start_point
 
 
 class UniformConfig(eqx.Module):
@@ -65,7 +65,7 @@ class AlternatingConfig(eqx.Module):
         self, key: PRNGKeyArray, problem: RegressionProblem, monitor: Monitor | None = None
     ) -> Fit:
         opt = optax.adam(self.lr)
-        theta = problem.init(key).theta
+        theta = start_point(problem, key).theta
 
         def theta_loss(theta, W):
             return problem.loss(LayerParams(theta=theta, W=W))

@@ -51,7 +51,7 @@ from mhalearn.learners.base import Fit, Monitor, fit_from_history, nan_last
 from mhalearn.learners.registry import register_learner
 from mhalearn.learners.varpro import STALL_PATIENCE, VarProConfig, levenberg_marquardt
 from mhalearn.params import LayerParams
-from mhalearn.problems import RegressionProblem
+from mhalearn.problems import GivenStart, RegressionProblem
 from mhalearn.solvers import box_qp, ridge_solve
 
 #: what follows the search inside the span (:func:`search_in_span`)
@@ -130,7 +130,13 @@ class ChenLiConfig(eqx.Module):
         self, key: PRNGKeyArray, problem: RegressionProblem, monitor: Monitor | None = None
     ) -> Fit:
         """All phases in order; diagnostics of each in ``Fit.info``, the intermediate
-        estimates in ``Fit.estimates``."""
+        estimates in ``Fit.estimates``. The pipeline derives its starts from the data: a
+        :class:`~mhalearn.problems.GivenStart` is refused."""
+        if isinstance(problem.start, GivenStart):
+            raise ValueError(
+                "start: the Chen–Li pipeline starts from its own convex phases, not from a "
+                "GivenStart; give the start to variable projection or a GD learner"
+            )
         X, Y = problem.X, problem.Y
         k_refit, k_dedup, k_span, k_search = jax.random.split(key, 4)
         S0 = crude_sum_w(X, Y)

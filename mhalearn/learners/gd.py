@@ -35,7 +35,7 @@ from mhalearn._validate import choice, in_range, positive_int
 from mhalearn.learners.base import Fit, Monitor, Status, Trace
 from mhalearn.learners.registry import register_learner
 from mhalearn.metrics.theory import movement
-from mhalearn.problems import ClassificationProblem, RegressionProblem
+from mhalearn.problems import ClassificationProblem, RegressionProblem, start_point
 
 OptimizerName = Literal["gd", "momentum", "adam", "normalized_gd"]
 OPTIMIZERS = get_args(OptimizerName)
@@ -53,7 +53,8 @@ class GDConfig(eqx.Module):
     ``None``: all); the others keep their start exactly and take no part in a joint norm.
     ``batch_size=None`` is full batch; otherwise each step draws ``batch_size`` samples without
     replacement. ``snapshots`` log-spaced steps (0 and ``steps`` included) are traced, or
-    every ``log_every`` steps when it is set.
+    every ``log_every`` steps when it is set, or the steps ``trace_at`` (with 0 and ``steps``)
+    when they are given.
     """
 
     optimizer: OptimizerName | Callable[..., optax.GradientTransformation] = eqx.field(
@@ -63,6 +64,9 @@ class GDConfig(eqx.Module):
     batch_size: int | None = eqx.field(static=True, default=None)
     snapshots: int = eqx.field(static=True, default=40)
     log_every: int | None = eqx.field(static=True, default=None)
+    trace_at: tuple[int, ...] | None = eqx.field(
+        static=True, default=None, converter=lambda v: None if v is None else tuple(map(int, v))
+    )
     normalize: Literal["joint", "field"] = eqx.field(static=True, default="joint")
     trainable: tuple[str, ...] | None = eqx.field(static=True, default=None)
     lr: float | Array = 1e-2
@@ -81,6 +85,9 @@ class GDConfig(eqx.Module):
             positive_int("batch_size", self.batch_size)
         if self.log_every is not None:
             positive_int("log_every", self.log_every)
+        if self.trace_at is not None:
+            for step in self.trace_at:
+                in_range("trace_at", step, 0, self.steps)
         in_range("lr", self.lr, 0.0, open_low=True)
         in_range("momentum", self.momentum, 0.0, 1.0)
         in_range("tol", self.tol, 0.0)
@@ -91,11 +98,13 @@ class GDConfig(eqx.Module):
 
     def start(self, key: PRNGKeyArray, problem) -> PyTree:
         """The parameters :meth:`fit` with the same key starts from."""
-        return problem.init(_split(key)[0])
+        return start_point(problem, _split(key)[0])
 
     def snapshot_steps(self) -> np.ndarray:
         """The steps at which the trace records (0 = the start, ``steps`` = the end)."""
-        if self.log_every is not None:
+        if self.trace_at is not None:
+            steps = np.asarray(self.trace_at)
+        elif self.log_every is not None:
             steps = np.arange(0, self.steps + 1, self.log_every)
         else:
             steps = np.geomspace(1, self.steps, max(self.snapshots - 1, 1)).round()
@@ -244,7 +253,7 @@ def _fit(key: PRNGKeyArray, problem, config: GDConfig, monitor: Monitor | None) 
         )
     k_init, k_batch = _split(key)
     opt = make_optimizer(config)
-    start = problem.init(k_init)
+    start = start_point(problem, k_init)
     if config.trainable is not None:
         fields = {_field_of(path) for path, _ in jax.tree_util.tree_leaves_with_path(start)}
         unknown = sorted(set(config.trainable) - fields)

@@ -31,7 +31,7 @@ from mhalearn.learners.base import Fit, Monitor, fit_from_history, nan_last
 from mhalearn.learners.linear import design, solve_values
 from mhalearn.learners.registry import register_learner
 from mhalearn.params import LayerParams
-from mhalearn.problems import RegressionProblem
+from mhalearn.problems import RegressionProblem, start_point
 from mhalearn.solvers import ridge_solve
 
 #: iterations in a row without a relative decrease above ``stall_tol`` that stop a start
@@ -86,15 +86,15 @@ class VarProConfig(eqx.Module):
     def fit(
         self, key: PRNGKeyArray, problem: RegressionProblem, monitor: Monitor | None = None
     ) -> Fit:
-        """Variable projection from the starts ``problem.init(fold_in(key, r))``, r = 0, 1, …,
-        tried one after another until one fits (reduced cost ``<= tol``·mean(Y²)) or
+        """Variable projection from the starts ``start_point(problem, fold_in(key, r))``,
+        r = 0, 1, …, tried one after another until one fits (reduced cost ``<= tol``·mean(Y²)) or
         ``restarts`` have run; of those tried, the one with the lowest final training residual
         is returned, and ``info["starts"]`` says how many ran. Most random teachers fit from
         the first start, so the others cost nothing (under ``vmap`` a group runs another start
         while any of its instances needs one)."""
 
         def attempt(r):
-            theta0 = problem.init(jax.random.fold_in(key, r)).theta
+            theta0 = start_point(problem, jax.random.fold_in(key, r)).theta
             return levenberg_marquardt(problem, theta0, self)
 
         def needs_another(carry):
