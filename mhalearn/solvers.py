@@ -35,9 +35,11 @@ def box_qp(
     step: Float[Array, ""],
     iterations: int,
     upper: float | Array = jnp.inf,
+    start: Float[Array, " n"] | None = None,
 ) -> Float[Array, " n"]:
     """argmax over 0 ≤ λ ≤ upper of ⟨linear, λ⟩ − ½ λᵀQλ (Q positive semi-definite, given by
-    ``matvec``), by ``iterations`` FISTA steps of size ``step`` (at most 1/‖Q‖₂) from λ = 0."""
+    ``matvec``), by ``iterations`` FISTA steps of size ``step`` (at most 1/‖Q‖₂) from λ =
+    ``start`` (default 0; a warm start is clipped into the box)."""
 
     def body(carry, _):
         lam, z, t = carry
@@ -45,7 +47,7 @@ def box_qp(
         t_new = (1 + jnp.sqrt(1 + 4 * t**2)) / 2
         return (lam_new, lam_new + ((t - 1) / t_new) * (lam_new - lam), t_new), None
 
-    lam0 = jnp.zeros_like(linear)
+    lam0 = jnp.zeros_like(linear) if start is None else jnp.clip(start, 0.0, upper)
     start = (lam0, lam0, jnp.asarray(1.0, linear.dtype))
     (lam, _, _), _ = jax.lax.scan(body, start, None, iterations)
     return lam
