@@ -9,6 +9,7 @@ what ``mhalearn run`` runs without a name. :func:`run_study` runs one (resuming 
 from mhalearn.experiments.base import STUDIES, Study, plot, register_study, run_study
 from mhalearn.experiments.heads import Heads
 from mhalearn.experiments.margin import Margin
+from mhalearn.experiments.max_margin import MaxMargin
 from mhalearn.experiments.phase import Phase
 from mhalearn.experiments.recovery import Recovery
 from mhalearn.experiments.regimes import Regimes
@@ -23,6 +24,7 @@ __all__ = [
     "STUDIES",
     "Heads",
     "Margin",
+    "MaxMargin",
     "Phase",
     "Recovery",
     "Regimes",
