@@ -11,6 +11,7 @@ map it over samples and instances with ``jax.vmap``.
 from __future__ import annotations
 
 import dataclasses
+from functools import partial
 from typing import Literal
 
 import jax
@@ -73,7 +74,8 @@ def attention_weights(
     """Attention of every head: ``A_i = softmax(X Θ_i Xᵀ)``, each row summing to one over keys."""
     X, theta = arrays(X=X, theta=theta)
     check_shapes(("X", X, "tokens dim"), ("theta", theta, "heads dim dim"))
-    return _attend(X, X, theta, softmax=lambda s: jax.nn.softmax(s, axis=-1))
+    # the library softmax: the Chen–Li layer keeps forward-mode derivatives (jax.jvp)
+    return _attend(X, X, theta, softmax=partial(jax.nn.softmax, axis=-1))
 
 
 def head_features(
@@ -115,15 +117,15 @@ class ClassifierSpec:
     - ``query``: ``"all"`` (Q = X, every token queries), ``"first"`` (Q = x_1: the
       self-attention of Tarzanagh et al.), ``"prompt"`` (Q = p, a trainable prompt vector) or
       ``"given"`` (Q = z, a query token given with each sample: their cross-attention).
-
-    Transpose convention: query q scores token x as ``qᵀ W_h x`` (W acts on the query from the
-    left). Tarzanagh et al. ("Transformers as Support Vector Machines") write ``xᵀ W z``: their
-    W is our ``W_hᵀ``.
     - ``readout``: ``"matrix"`` (U_h of shape ``(queries, dim)``) or ``"vector"`` (u_h of
       shape ``(dim,)`` applied to every query's output and summed, i.e. U_h = 1 u_hᵀ).
     - ``head_scaling``: α_H = 1/√H (``"sqrt"``), 1/H (``"mean"``) or 1 (``"sum"``), with H
       the number of *active* heads under the head mask.
     - ``temperature``: τ multiplying the scores (1, or ``1/math.sqrt(dim)``).
+
+    Transpose convention: query q scores token x as ``qᵀ W_h x`` (W acts on the query from the
+    left). Tarzanagh et al. ("Transformers as Support Vector Machines") write ``xᵀ W z``: their
+    W is our ``W_hᵀ``.
     """
 
     query: Query = "all"
@@ -182,7 +184,7 @@ def classifier_attention(
         queries = _query_vector("query_token", spec.query, query_token, X.shape[1])
     else:
         queries = X if spec.query == "all" else X[:1]
-    return _attend(queries, X, W, spec.temperature, saturating_softmax)
+    return _attend(queries, X, W, spec.temperature)
 
 
 def classifier_score(

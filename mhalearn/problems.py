@@ -190,14 +190,13 @@ class ClassificationProblem(eqx.Module):
 
     def __check_init__(self):
         positive_int("heads", self.heads)
-        check_shapes(("X", self.X, "samples tokens dim"), ("y", self.y, "samples"))
         if (self.spec.query == "given") != (self.Z is not None):
             raise ValueError(
                 "Z: a query token per sample, shape (samples, dim), is needed exactly when "
                 f"spec.query == 'given' (query={self.spec.query!r}, Z given: {self.Z is not None})"
             )
-        if self.Z is not None:
-            check_shapes(("X", self.X, "samples tokens dim"), ("Z", self.Z, "samples dim"))
+        queries = () if self.Z is None else (("Z", self.Z, "samples dim"),)
+        check_shapes(("X", self.X, "samples tokens dim"), ("y", self.y, "samples"), *queries)
 
     @property
     def samples(self) -> int:

@@ -381,6 +381,68 @@ VARIABLES: dict[str, Meta] = {
         "1 when the SVM solver certified the features ∂Φ/∂U as linearly separable.",
         flag=True,
     ),
+    # the attention SVM (experiments.max_margin; metrics.selection)
+    "correlation": Meta(
+        "corr(W_t, W_mm), mean over heads",
+        "Mean over heads of ⟨W_t,h, W_mm,h⟩/(‖W_t,h‖_F ‖W_mm,h‖_F), W_mm,h the Frobenius "
+        "attention SVM of the tokens head h selects at the end of training.",
+    ),
+    "correlation_min": Meta(
+        "corr(W_t, W_mm), worst head",
+        "Minimum over heads of ⟨W_t,h, W_mm,h⟩/(‖W_t,h‖_F ‖W_mm,h‖_F).",
+    ),
+    "correlation_end": Meta(
+        "corr(W_T, W_mm) at the last step",
+        "Mean over heads of the correlation of the trained W_h with its attention SVM.",
+    ),
+    "correlation_nuclear_end": Meta(
+        "corr(W_T, W_mm,*) at the last step",
+        "Mean over heads of the correlation of the trained W_h with the nuclear-norm "
+        "attention SVM of the same selected tokens.",
+    ),
+    "svm_fro_nuclear_correlation": Meta(
+        "corr(W_mm, W_mm,*)",
+        "Mean over heads of the correlation between the Frobenius and the nuclear-norm "
+        "attention SVMs (how far apart the two candidate limits are).",
+    ),
+    "selected_weight": Meta(
+        "softmax weight on the selected token",
+        "Mean over samples and heads of the attention weight on the token the head selects "
+        "at the end of training.",
+    ),
+    "selected_weight_end": Meta(
+        "softmax weight on the selected token at the last step",
+        "Mean over samples and heads of the final attention weight on the selected token.",
+    ),
+    "w_norm": Meta("‖W_t‖_F", "Frobenius norm of the key·query matrices of all heads."),
+    "svm_margin": Meta(
+        "attention-SVM margin 1/‖W_mm‖_F",
+        "Mean over heads of the margin 1/‖W_mm,h‖_F of the attention SVM.",
+    ),
+    "svm_gap": Meta(
+        "attention-SVM duality gap",
+        "Largest over heads of the relative duality gap of the Frobenius attention SVM's "
+        "solution (0 at the optimum).",
+        _REL,
+    ),
+    "svm_polished": Meta(
+        "attention SVM solved exactly on its active set",
+        "1 when every head's active-set polish was accepted (feasible, multipliers ≥ 0).",
+        flag=True,
+    ),
+    "svm_worst_margin": Meta(
+        "smallest constraint value of the attention SVM",
+        "min over heads, samples and non-selected tokens of z_iᵀW(x_opt − x_j) at the "
+        "solver's iterate (1: feasible as solved; W_mm is the iterate divided by it).",
+    ),
+    "best_token_share": Meta(
+        "share of selections on the loss-optimal token",
+        "Share of (sample, head) pairs whose selected token maximises y_i v_hᵀx_ij.",
+    ),
+    "heads_agree": Meta(
+        "share of samples where all heads select the same token",
+        "Share of samples whose heads all select the same token at the end of training.",
+    ),
 }
 
 _MOVEMENT = re.compile(r"info_movement_(?P<field>\w+?)(?P<relative>_relative)?$")

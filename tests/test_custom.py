@@ -35,7 +35,10 @@ def test_user_data_per_instance_equals_fits_by_hand(rng):
     learner = mh.GDConfig(optimizer="gd", lr=0.5, steps=30, snapshots=4)
     key = jax.random.key(7)
     res = mh.simulate(key, task, learner, 3, keep_params=True)
+    assert isinstance(task, mh.Task)
     assert set(res.metrics) >= {"train_loss", "weight_first"}
+    chunked = mh.simulate(key, task, learner, 3, chunk_size=1)  # slices follow the instances
+    np.testing.assert_array_equal(chunked.metrics["train_loss"], res.metrics["train_loss"])
     assert res.trace["weight_first"].shape == (3, len(learner.snapshot_steps()))
     for i in range(3):
         mine = {k: v[i] for k, v in data.items()}

@@ -23,6 +23,7 @@ DIMS = {
     "margin": ("init", "heads", "instance"),
     "phase": ("learner", "inputs", "dim", "heads", "ratio", "beta", "instance"),
     "sculpt": ("heads", "samples", "beta", "instance", "phase"),  # phase: the timed phases
+    "max_margin": ("shape", "attention", "heads", "instance", "step"),
 }
 
 

@@ -104,7 +104,9 @@ def test_peer_recipe_through_the_package_equals_an_independent_loop():
         theirs[seed] = [correlation(path[s], W_mm) for s in CHECKS]
 
     for column, step in enumerate(CHECKS[:3]):
-        np.testing.assert_allclose(ours[:, 1 + column], theirs[:, column], rtol=0, atol=1e-6)
+        np.testing.assert_allclose(
+            ours[:, 1 + column], theirs[:, column], rtol=0, atol=1e-6, err_msg=f"step {step}"
+        )
     assert np.sum(theirs[:, -1] > 0.99) >= 18
     assert np.sum(ours[:, -1] > 0.99) >= 18
     # the correlation grows along the path: the test could have failed at any checkpoint

@@ -66,11 +66,15 @@ def direction_correlation(A: Float[Array, "*shape"], B: Float[Array, "*shape"]) 
 class AttentionSVM(eqx.Module):
     """The solution of the attention SVM and how well it was solved."""
 
-    W: Float[Array, "dim dim"]  # the max-margin matrix (our convention: zᵀ W x)
+    W: Float[Array, "dim dim"]  # the max-margin matrix (our convention: zᵀ W x), feasible
     multipliers: Float[Array, "n tokens"]  # dual variables λ_ij ≥ 0 (0 on selected tokens)
-    worst_margin: Float[Array, ""]  # min over constraints of z_iᵀW(x_opt − x_j): ≥ 1 feasible
+    # min over constraints of z_iᵀW(x_opt − x_j) of the solver's iterate (1: it was feasible);
+    # W is that iterate divided by it, so W's smallest constraint value is exactly 1
+    worst_margin: Float[Array, ""]
     objective: Float[Array, ""]  # ‖W‖ in the chosen norm
-    gap: Float[Array, ""]  # relative duality gap (≥ 0; 0 at the optimum)
+    # relative gap between ‖W‖ (of a feasible W) and a dual lower bound on the optimum:
+    # ≥ 0 up to round-off, and W is that close to optimal
+    gap: Float[Array, ""]
     polished: Bool[Array, ""]  # the active-set polish was accepted (Frobenius only)
 
 
@@ -132,12 +136,14 @@ def _frobenius(X, Z, selected, iterations, key):
     polished = (margin(W_polish) >= 1 - tol) & (jnp.min(mu) >= -tol) & jnp.all(jnp.isfinite(mu))
     lam = jnp.where(polished, mu, lam)
     W = jnp.where(polished, W_polish, W_fista)
+    worst = margin(W)
+    W = W / worst  # feasible: its smallest constraint value is exactly 1
     primal = 0.5 * jnp.sum(W**2)
     dual = jnp.sum(lam) - 0.5 * jnp.sum(combine(lam.reshape(shape)) ** 2)
     return AttentionSVM(
         W=W,
         multipliers=lam.reshape(shape),
-        worst_margin=margin(W),
+        worst_margin=worst,
         objective=jnp.sqrt(2 * primal),
         gap=(primal - dual) / primal,
         polished=polished,
@@ -174,18 +180,18 @@ def _nuclear(X, Z, selected, iterations, key, rho):
     d = X.shape[-1]
     start = (jnp.zeros((d, d), X.dtype), jnp.zeros((d, d), X.dtype), jnp.zeros_like(ones))
     (V, _, lam), _ = jax.lax.scan(body, start, None, iterations)
-    W = V  # feasible by construction (up to the inner QP's accuracy)
+    worst = jnp.min(jnp.where(mask, values(V), jnp.inf))
+    W = V / worst  # feasible: its smallest constraint value is exactly 1
     objective = jnp.sum(jnp.linalg.svd(W, compute_uv=False))
     # A dual certificate: ν = ρU ∈ ∂‖W‖_* at the fixed point; rescaled to ‖ν‖₂ ≤ 1 it bounds
     # the optimum from below by ⟨ν, W⟩ / ‖ν‖₂ on the active constraints (weak duality).
     dual_lam = rho * lam
     M = combine(dual_lam.reshape(shape))
     dual = jnp.sum(dual_lam) / jnp.maximum(jnp.linalg.norm(M, 2), jnp.finfo(X.dtype).tiny)
-    margin = jnp.min(jnp.where(mask, values(W), jnp.inf))
     return AttentionSVM(
         W=W,
         multipliers=dual_lam.reshape(shape),
-        worst_margin=margin,
+        worst_margin=worst,
         objective=objective,
         gap=(objective - dual) / objective,
         polished=jnp.asarray(False),

@@ -106,3 +106,20 @@ def test_selection_scores_weights_and_correlation_in_loops(rng):
     assert float(direction_correlation(W, V)) == pytest.approx(cos, rel=1e-12)
     assert float(direction_correlation(W, 3.0 * W)) == pytest.approx(1.0, rel=1e-12)
     assert float(direction_correlation(W, -W)) == pytest.approx(-1.0, rel=1e-12)
+
+
+@pytest.mark.parametrize("norm", ["fro", "nuclear"])
+def test_a_solve_cut_short_is_feasible_and_its_gap_brackets_the_optimum(rng, norm):
+    X, Z, selected = problem(rng, 20, 8, 4)
+    rough = attention_svm(X, Z, selected, norm, iterations=30)
+    D = constraint_rows(X, Z, selected)
+    assert np.min(D @ np.asarray(rough.W).ravel()) == pytest.approx(1.0, abs=1e-12)
+    assert not bool(rough.polished) and float(rough.gap) > 1e-6  # really cut short
+    if norm == "fro":
+        optimum = 0.5 * np.sum(least_distance(D) ** 2)
+        primal = 0.5 * float(rough.objective) ** 2
+    else:
+        optimum = np.linalg.svd(cvxpy_svm(X, Z, selected, norm), compute_uv=False).sum()
+        primal = float(rough.objective)
+    assert primal * (1 - float(rough.gap)) <= optimum * (1 + 1e-7)
+    assert optimum <= primal * (1 + 1e-7)
