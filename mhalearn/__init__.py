@@ -8,7 +8,6 @@ one instance and batched with ``jax.vmap``. Library code never enables float64: 
 from mhalearn._version import __version__
 from mhalearn.batch import (
     Engine,
-    PerInstance,
     enable_compilation_cache,
     map_instances,
     set_precision,
@@ -22,6 +21,7 @@ from mhalearn.data import (
     sample_tokens,
     tokenized_mixture,
 )
+from mhalearn.instances import PerInstance
 from mhalearn.kernels import (
     ClassifierSpec,
     attention_weights,

@@ -68,37 +68,6 @@ AXIS = "instances"
 Progress = Callable[[str, int, int], None]
 
 
-class PerInstance(eqx.Module):
-    """Arrays that differ per instance: every array leaf of ``value`` has a leading axis of
-    length ``instances``, and instance i sees slice i (``value`` is a PyTree: the user's own
-    data, a stack of start points, ...). Inside the instance's computation the wrapper holds
-    that instance's slice."""
-
-    value: Any
-
-
-class Shared(eqx.Module):
-    """Arrays every instance sees whole (of any shape), except the parts of ``value`` wrapped
-    in :class:`PerInstance`."""
-
-    value: Any
-
-
-def is_per_instance(node: Any) -> bool:
-    """Whether ``node`` is a :class:`PerInstance` (an ``is_leaf`` for tree maps)."""
-    return isinstance(node, PerInstance)
-
-
-def _wrapper(node: Any) -> bool:
-    return isinstance(node, PerInstance | Shared)
-
-
-def unwrap(tree: PyTree) -> PyTree:
-    """``tree`` with every :class:`PerInstance` and :class:`Shared` replaced by the value it
-    holds."""
-    return jax.tree.map(lambda v: unwrap(v.value) if _wrapper(v) else v, tree, is_leaf=_wrapper)
-
-
 def select_devices(devices: int | Sequence[jax.Device] | None = None) -> list[jax.Device]:
     """``None``: every device (of every process); an int n: the first n; or the devices given."""
     every = jax.devices()

@@ -26,7 +26,7 @@ from jaxtyping import Array, Float, Int, PRNGKeyArray, PyTree
 
 from mhalearn import draws
 from mhalearn._validate import check_shapes, in_range, positive_int
-from mhalearn.batch import unwrap
+from mhalearn.instances import unwrap
 from mhalearn.kernels import ClassifierSpec, classifier_score
 from mhalearn.layer import layer_outputs, squared_loss_and_grad
 from mhalearn.losses import logistic_loss, squared_loss
@@ -71,7 +71,7 @@ class GivenStart(eqx.Module):
     every learner that starts from a point starts (all of a learner's restarts alike; the
     classifier's one-step initialisation is not applied). Per instance under
     :func:`~mhalearn.simulate.simulate`: wrap the stacked parameters (``jax.vmap`` of the
-    parameter class builds them) in :class:`~mhalearn.batch.PerInstance`."""
+    parameter class builds them) in :class:`~mhalearn.instances.PerInstance`."""
 
     params: PyTree
 

@@ -26,15 +26,8 @@ import numpy as np
 from jaxtyping import PRNGKeyArray
 
 from mhalearn._validate import positive_int
-from mhalearn.batch import (
-    Engine,
-    PerInstance,
-    Shared,
-    is_per_instance,
-    map_instances,
-    provenance,
-    select_devices,
-)
+from mhalearn.batch import Engine, map_instances, provenance, select_devices
+from mhalearn.instances import PerInstance, Shared, is_per_instance
 from mhalearn.learners.base import Learner
 from mhalearn.tasks import Task
 from mhalearn.variables import annotate

@@ -20,8 +20,8 @@ from jaxtyping import Array, Bool, Float, PRNGKeyArray
 
 from mhalearn import draws
 from mhalearn._validate import in_range, positive_int
-from mhalearn.batch import Shared, unwrap
 from mhalearn.data import Mixture, MixtureSpec, sample_tokens, tokenized_mixture
+from mhalearn.instances import Shared, unwrap
 from mhalearn.kernels import ClassifierSpec
 from mhalearn.learners.base import Fit
 from mhalearn.metrics.recovery import (
@@ -264,7 +264,7 @@ class UserTask(eqx.Module):
     """A task from the user's own data and model, batched like the built-in ones.
 
     - ``data``: the instances' data, a PyTree of arrays every instance sees whole; wrap what
-      differs per instance in :class:`~mhalearn.batch.PerInstance` (arrays with a leading
+      differs per instance in :class:`~mhalearn.instances.PerInstance` (arrays with a leading
       instance axis; instance i sees slice i). Or ``draw(key) -> data``: a function drawing
       one instance's data from its problem key (then ``data`` is ``None``).
     - ``problem(data) -> Problem``: the model to fit on that data (a built-in problem, or the
