@@ -31,3 +31,20 @@ def tiny_results(tmp_path_factory):
         run_study(study, store)
         out[name] = (study, store.results_path)
     return out
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _fresh_compiled_state():
+    """Each test module starts without the compiled programs of the ones before: a full run
+    in one process crashed (a segmentation fault inside XLA's CPU compiler, reproducibly at
+    the same test, never when the module ran alone) once hundreds of programs had piled up."""
+    import gc
+
+    import jax
+
+    from mhalearn.batch import clear_programs
+
+    yield
+    clear_programs()
+    jax.clear_caches()
+    gc.collect()
