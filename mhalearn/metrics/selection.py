@@ -79,8 +79,9 @@ class AttentionSVM(eqx.Module):
 
 
 def _constraints(X, Z, selected):
-    """Differences D_ij = x_{i,opt_i} − x_{i,j}, the constraint mask (j ≠ opt_i) and the
-    operator λ ↦ Σ λ_ij z_i D_ijᵀ with its adjoint W ↦ (z_iᵀ W D_ij)_ij."""
+    """Differences D_ij = x_{i,opt_i} − x_{i,j}, the constraint mask (j ≠ opt_i), the
+    operator λ ↦ Σ λ_ij z_i D_ijᵀ with its adjoint W ↦ (z_iᵀ W D_ij)_ij, and the dual's Gram
+    operator on flat λ (the adjoint after the operator)."""
     D = jnp.take_along_axis(X, selected[:, None, None], axis=1) - X
     mask = jnp.arange(X.shape[1])[None, :] != selected[:, None]
 
@@ -90,17 +91,15 @@ def _constraints(X, Z, selected):
     def values(W):  # z_iᵀ W D_ij
         return jnp.where(mask, jnp.einsum("nd,de,nte->nt", Z, W, D), 0.0)
 
-    return mask, combine, values
+    def gram(v):  # flat λ ↦ values(combine(λ))
+        return values(combine(v.reshape(mask.shape))).ravel()
+
+    return mask, combine, values, gram
 
 
-def _operator_norm(combine, values, shape, key, dtype) -> Float[Array, ""]:
-    """‖Q‖₂ of the dual's Gram operator Q = values ∘ combine, by Lanczos (top Ritz value plus
-    its residual, so a step of its inverse is safe)."""
-    size = shape[0] * shape[1]
-
-    def matvec(v):
-        return values(combine(v.reshape(shape))).ravel()
-
+def _operator_norm(matvec, size, key, dtype) -> Float[Array, ""]:
+    """‖Q‖₂ of the dual's Gram operator, by Lanczos (top Ritz value plus its residual, so a
+    step of its inverse is safe)."""
     depth = min(32, size)
     T, last = lanczos_tridiagonal(matvec, key, size, depth, dtype)
     ritz, vectors = jnp.linalg.eigh(T)
@@ -108,15 +107,11 @@ def _operator_norm(combine, values, shape, key, dtype) -> Float[Array, ""]:
 
 
 def _frobenius(X, Z, selected, iterations, key):
-    mask, combine, values = _constraints(X, Z, selected)
+    mask, combine, values, matvec = _constraints(X, Z, selected)
     shape = mask.shape
     dtype = X.dtype
-    step = 1.0 / _operator_norm(combine, values, shape, key, dtype)
+    step = 1.0 / _operator_norm(matvec, mask.size, key, dtype)
     upper = jnp.where(mask, jnp.inf, 0.0).ravel()
-
-    def matvec(v):
-        return values(combine(v.reshape(shape))).ravel()
-
     ones = mask.astype(dtype).ravel()
     lam = box_qp(matvec, ones, step, iterations, upper)
     # Polish: on the active set S the constraints hold with equality, so the multipliers
@@ -154,14 +149,11 @@ def _nuclear(X, Z, selected, iterations, key, rho):
     """ADMM on min ‖W‖_* + [A(V) ≥ 1] subject to W = V: singular-value thresholding for W,
     the Euclidean projection onto the constraints for V (its dual is the box QP, warm
     started), and the scaled multiplier U."""
-    mask, combine, values = _constraints(X, Z, selected)
+    mask, combine, values, matvec = _constraints(X, Z, selected)
     shape = mask.shape
-    step = 1.0 / _operator_norm(combine, values, shape, key, X.dtype)
+    step = 1.0 / _operator_norm(matvec, mask.size, key, X.dtype)
     upper = jnp.where(mask, jnp.inf, 0.0).ravel()
     ones = mask.astype(X.dtype).ravel()
-
-    def matvec(v):
-        return values(combine(v.reshape(shape))).ravel()
 
     def project(C, lam):  # argmin ‖V − C‖ s.t. A(V) ≥ 1:  V = C + Aᵀλ
         lam = box_qp(matvec, ones - values(C).ravel(), step, 50, upper, start=lam)
