@@ -48,10 +48,10 @@ class VarProConfig(eqx.Module):
     Shamanskii-type method: the matrix, the costly part, is reused while its steps are
     accepted; 2 saves a fifth of the systems on random teachers, 1 is plain LM).
     ``sample_chunk`` samples at a time build the system (``None``: about 512 (sample, token)
-    rows). ``products="float32"`` (the default) builds it in float32 — it only sets the
-    step; the residual and the cost that accepts a step stay in the problem's precision, and
-    the fits reach the same ~1e-20 costs in the same number of iterations, faster
-    (benchmarks/recovery_speed.py) — ``None`` in the problem's precision. ``stall_tol``
+    rows). ``products="float32"`` (the default) builds and factors it in float32 — it only
+    sets the step; the residual and the cost that accepts a step stay in the problem's
+    precision, and the fits reach the same ~1e-20 costs in the same number of iterations,
+    faster (benchmarks/recovery_speed.py) — ``None`` in the problem's precision. ``stall_tol``
     (``None``: never) also stops a start once, after its cost first fell,
     :data:`STALL_PATIENCE` iterations in a row lowered it by less than that fraction: a start
     stuck at a point that does not fit (the search inside an inexact span, whose minimum is
@@ -232,9 +232,10 @@ def gauss_newton_system(
     B = B.reshape(m * d, d, m, pairs)[..., d_pair]  # (i,a), p, j, q, b
     B = jnp.einsum("kpjqb,jbe->kejpq", B, W).reshape(m * d, d, P)
     Z = design(X, theta)
-    solved = ridge_solve(Z.T @ Z, B.reshape(m * d, -1), 1e-12)
-    H = G - jnp.einsum("iep,ieq->pq", B, solved.reshape(B.shape))
-    return H, g
+    solved = ridge_solve(Z.T @ Z, B.reshape(m * d, -1), 1e-12).reshape(B.shape)
+    # the projection's share, a product of P³ multiply-adds (m·d·d = P): in ``low`` precision
+    correction = jnp.einsum("iep,ieq->pq", B.astype(low), solved.astype(low))
+    return G - correction.astype(G.dtype), g
 
 
 def restricted_system(
@@ -309,7 +310,7 @@ def levenberg_marquardt(
 
     def move(g, lu, theta, W, cost):
         """One damped step from the factorised system: kept only if the reduced cost falls."""
-        delta = -jax.scipy.linalg.lu_solve(lu, g)
+        delta = -jax.scipy.linalg.lu_solve(lu, g.astype(lu[0].dtype)).astype(theta.dtype)
         delta = (delta if basis is None else basis @ delta).reshape(theta.shape)
         new_cost, new_W = reduced_cost(problem, theta + delta, config.ridge)
         better = (new_cost < cost) & jnp.isfinite(new_cost)
@@ -325,7 +326,8 @@ def levenberg_marquardt(
             H, g = restricted_system(problem, theta, W, basis, config.sample_chunk)
         diag = jnp.diag(H)
         A = H + mu * (diag + 1e-12 * jnp.mean(diag)) * jnp.eye(H.shape[0], dtype=H.dtype)
-        lu = jax.scipy.linalg.lu_factor(A)
+        # the full system is only as accurate as its ``products``: factored in them too
+        lu = jax.scipy.linalg.lu_factor(A.astype(factor))
 
         def substep(k, state):
             """Step k with this matrix: the system's gradient first, then a fresh one, as long
@@ -356,6 +358,7 @@ def levenberg_marquardt(
         done = cost <= config.tol * size
         return i + 1, theta, W, cost, mu, history, done, i + 1, stalled
 
+    factor = theta0.dtype if basis is not None or config.products is None else config.products
     mu0 = jnp.asarray(config.damping, theta0.dtype)
     init = (0, theta0, W0, cost0, mu0, history0, cost0 <= config.tol * size, 0, 0)
     _, theta, W, _, _, history, done, iters, _ = jax.lax.while_loop(running, step, init)
