@@ -300,6 +300,8 @@ def levenberg_marquardt(
     size = jnp.mean(problem.Y**2)
     cost0, W0 = reduced_cost(problem, theta0, config.ridge)
     history0 = jnp.full(config.iterations + 1, cost0)
+    # the full system is only as accurate as its ``products``: it is factored in them too
+    factor = theta0.dtype if basis is not None or config.products is None else config.products
 
     def running(carry):
         i, *_, done, _, stalled = carry
@@ -326,7 +328,6 @@ def levenberg_marquardt(
             H, g = restricted_system(problem, theta, W, basis, config.sample_chunk)
         diag = jnp.diag(H)
         A = H + mu * (diag + 1e-12 * jnp.mean(diag)) * jnp.eye(H.shape[0], dtype=H.dtype)
-        # the full system is only as accurate as its ``products``: factored in them too
         lu = jax.scipy.linalg.lu_factor(A.astype(factor))
 
         def substep(k, state):
@@ -358,7 +359,6 @@ def levenberg_marquardt(
         done = cost <= config.tol * size
         return i + 1, theta, W, cost, mu, history, done, i + 1, stalled
 
-    factor = theta0.dtype if basis is not None or config.products is None else config.products
     mu0 = jnp.asarray(config.damping, theta0.dtype)
     init = (0, theta0, W0, cost0, mu0, history0, cost0 <= config.tol * size, 0, 0)
     _, theta, W, _, _, history, done, iters, _ = jax.lax.while_loop(running, step, init)
