@@ -151,7 +151,7 @@ def test_refinement_restarts_keep_the_lowest_trimmed_residual():
 def reference_share(res, share):
     flat = np.asarray(res).reshape(-1)
     keep = max(int(np.ceil(share * flat.size)), 1)
-    order = np.argsort(np.where(np.isnan(flat), np.inf, flat), kind="stable")
+    order = np.argsort(flat, kind="stable")  # NaN after +inf, ties by position
     mask = np.zeros(flat.size, bool)
     mask[order[:keep]] = True
     return mask.reshape(np.shape(res))
@@ -176,6 +176,24 @@ def test_smallest_share_ranks_nan_last(rng):
     res[rng.random((30, 4)) < 0.3] = np.nan
     for share in (0.01, 0.25, 0.9):  # the last keeps more rows than are finite
         np.testing.assert_array_equal(cl.smallest_share(res, share), reference_share(res, share))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_smallest_share_is_a_stable_sort_prefix(rng, dtype):
+    # the bisection on order codes against a stable argsort: many ties (values on a coarse
+    # grid), both zeros, negatives, infinities and NaN of either sign, vmapped over the shares
+    res = rng.integers(-5, 6, size=(40, 4)).astype(dtype) / dtype(4)
+    res[rng.random((40, 4)) < 0.1] = -0.0
+    res[rng.random((40, 4)) < 0.05] = np.inf
+    res[rng.random((40, 4)) < 0.05] = -np.inf
+    res[rng.random((40, 4)) < 0.1] = np.nan
+    res[0, 0] = -np.abs(np.array(np.nan, dtype))  # a NaN with the sign bit set
+    shares = np.array([0.001, 0.02, 0.25, 0.5, 0.77, 0.95, 1.0])
+    vmapped = jax.vmap(lambda s: cl.smallest_share(jnp.asarray(res), s))(jnp.asarray(shares))
+    for share, mask in zip(shares, vmapped, strict=True):
+        expected = reference_share(res, float(share))
+        np.testing.assert_array_equal(cl.smallest_share(jnp.asarray(res), share), expected)
+        np.testing.assert_array_equal(mask, expected)
 
 
 def test_refinement_on_tied_residuals_stays_finite(rng):
