@@ -1,3 +1,4 @@
+import dataclasses
 import itertools
 
 import jax
@@ -273,7 +274,7 @@ def test_min_norm_methods_stay_in_the_span_of_the_normals(method, rng):
     # estimate is that subspace
     span = np.linalg.qr(rng.standard_normal((6, 2)))[0].T
     K = pinned_body(rng, span, 1.0)
-    config = cl.ChenLiConfig(span_method=method, qp_iterations=3000)
+    config = cl.ChenLiConfig(span_method=method, qp_iterations=3000, qp_products=None)
     basis, point = cl.span_estimate(jax.random.key(0), K, 2, config)
     np.testing.assert_allclose(basis @ basis.T, np.eye(2), atol=1e-9)
     assert float(largest_principal_angle(span, basis)) < 1e-6
@@ -287,7 +288,7 @@ def test_recession_method_finds_a_cone_pinned_to_a_subspace(rng):
     K = cl.Constraints(
         G=jnp.asarray(G), valid=jnp.ones(10, bool), bound=jnp.asarray(0.0), rows=None
     )
-    config = cl.ChenLiConfig(span_method="recession", qp_iterations=3000)
+    config = cl.ChenLiConfig(span_method="recession", qp_iterations=3000, qp_products=None)
     basis, _ = cl.span_estimate(jax.random.key(0), K, 2, config)
     assert float(largest_principal_angle(np.eye(6)[:2], basis)) < 1e-6
 
@@ -334,6 +335,27 @@ def test_every_span_method_runs_in_the_pipeline_and_is_scored():
     assert set(np.unique(res.metrics["truth_in_k"])) <= {0, 1}
     tilt = res.metrics["k_tilt"]
     assert np.all((tilt >= 0) & (tilt <= np.pi / 2))
+
+
+@pytest.mark.parametrize("method", cl.SPAN_METHODS)
+def test_float32_span_queries_agree_with_float64(method):
+    # phase 4 in float32 (the default) against the same queries in float64 on a real K
+    # (dim 8, two heads, β 16, N 3000): the same min-norm point to 1e-4 and, for every method
+    # but the hit-and-run walk (whose path is chaotic in the rounding), the same span to 1e-3
+    # rad; given p, the estimate is unchanged
+    teacher, problem = teacher_problem(2, beta=16.0, samples=3000)
+    cert = cl.certify(problem.X, problem.Y, teacher.W.sum(0), CONFIG)
+    K = cl.constraints(jax.random.key(0), problem.X, cert, CONFIG)
+    low = cl.ChenLiConfig(span_method=method, qp_iterations=300)
+    high = dataclasses.replace(low, qp_products=None)
+    basis32, p32 = cl.span_estimate(jax.random.key(1), K, 2, low)
+    basis64, p64 = cl.span_estimate(jax.random.key(1), K, 2, high)
+    assert p32.dtype == basis32.dtype == jnp.float64
+    assert float(jnp.linalg.norm(p32 - p64) / jnp.linalg.norm(p64)) < 1e-4
+    if method != "samples":
+        assert float(largest_principal_angle(basis64, basis32)) < 1e-3
+    given, _ = cl.span_estimate(jax.random.key(1), K, 2, low, cl.k_min_norm_point(K, low))
+    np.testing.assert_array_equal(given, basis32)
 
 
 def test_truth_in_constraints_equals_a_loop_reference(rng):
@@ -455,7 +477,7 @@ def test_slice_method_finds_a_widened_wedge():
     ]
     G = jnp.asarray(np.array(rows))
     K = cl.Constraints(G=G, valid=jnp.ones(len(rows), bool), bound=jnp.asarray(1.0), rows=None)
-    config = cl.ChenLiConfig(span_method="slice", qp_iterations=3000)
+    config = cl.ChenLiConfig(span_method="slice", qp_iterations=3000, qp_products=None)
     basis, point = cl.span_estimate(jax.random.key(0), K, 2, config)
     np.testing.assert_allclose(basis @ basis.T, np.eye(2), atol=1e-9)
     np.testing.assert_allclose(point, [1, 1, 0, 0, 0, 0], atol=1e-6)
