@@ -71,8 +71,9 @@ class ChenLiConfig(eqx.Module):
     methods whose estimates are computed from the same K and returned (``span_<method>`` in
     ``Fit.estimates``, for the ``sculpt`` study); they do not change the fit.
     ``qp_products="float32"`` (the default; ``None``: the problem's precision) runs phase 4 —
-    its QPs, projections and walks on K — in float32, 2.6× faster at 16 384 constraint rows
-    (the points move by ~1e-5 relative, far below what an angle to the span resolves).
+    its QPs, projections and walks on K — in float32, about twice as fast
+    (``benchmarks/pipeline_phases.py``); the points move by ~1e-5 relative, far below what an
+    angle to the span resolves.
     ``search_samples`` (``None``: all) limits phase 5 — the search, its least squares and the
     certificate's fit check — to the first that many samples: the convex phases need many
     samples, a local search few, and its cost grows with them."""
@@ -231,7 +232,7 @@ def smallest_share(res: Float[Array, "samples tokens"], share) -> Bool[Array, "s
     The same rows as the first ⌈share·count⌉ of a stable argsort, without sorting: the k-th
     smallest value is found by bisection on the floats' order-preserving integer codes (one
     pass of comparisons per bit), and ties at it are taken by position. The refinement calls
-    this 120 times per teacher; at 4·10⁵ rows a sort cost ~7× the bisection."""
+    this 120 times per teacher; at 4·10⁵ rows a sort cost an order of magnitude more."""
     flat = res.reshape(-1)
     keep = jnp.maximum(jnp.ceil(share * flat.size), 1).astype(jnp.int32)
     code = order_code(flat)
@@ -306,6 +307,7 @@ def refine_sum_w_restarts(
     noise = draws.normal(key, (config.refit_restarts - 1, *S0.shape), S0.dtype)
     size = jnp.linalg.norm(S0) / S0.shape[0]
     starts = jnp.concatenate([S0[None], S0 + config.refit_noise * size * noise])
+    # one after another: vmapped, the rounds' products became batched ones, slower on CPU
     finals = jax.lax.map(lambda s: refine_sum_w(X, Y, s, config)[0], starts)
     scores = jax.lax.map(lambda s: trimmed_residual(X, Y, s, config.quantile_end), finals)
     return finals[jnp.argmin(nan_last(scores))], scores
@@ -649,6 +651,8 @@ def search_in_span(
             return (*found, span_cost)
         return (*levenberg_marquardt(problem, found[0], config.polish), span_cost)
 
+    # one after another, so that each candidate stops on its own (vmapped, all ran as long as
+    # the slowest, and both branches of every step's conditionals ran)
     thetas, Ws, histories, done, iters, span_costs = jax.lax.map(
         one, jax.random.split(key, config.candidates)
     )
