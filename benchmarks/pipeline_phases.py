@@ -83,6 +83,12 @@ def sorted_refinement(key, X, Y, S0, config):
     return finals[jnp.argmin(jax.vmap(score)(finals))]
 
 
+@eqx.filter_jit
+def certified_token(problem, S, config):
+    """The token each row is certified to attend to (the tilt's input, computed untimed)."""
+    return cl.certify(problem.X, problem.Y, S, config).token
+
+
 def phases(config: cl.ChenLiConfig, heads: int) -> dict:
     """name → (jitted function, how to call it from the teacher's state)."""
     high = dataclasses.replace(config, qp_products=None)
@@ -108,10 +114,9 @@ def phases(config: cl.ChenLiConfig, heads: int) -> dict:
         return cl.span_estimate(k, K, heads, c, point)
 
     @eqx.filter_jit
-    def tilt(p, K, S, theta):
-        cert = cl.certify(p.X, p.Y, S, config)
+    def tilt(p, K, token, theta):
         directions = draws.normal(jax.random.key(0), (TILT_DIRECTIONS, *theta.shape[1:]))
-        return constraint_tilt(p.X, K.rows, cert.token, theta, config.delta, directions)
+        return constraint_tilt(p.X, K.rows, token, theta, config.delta, directions)
 
     @eqx.filter_jit
     def search(k, p, basis, point, K):
@@ -130,7 +135,7 @@ def phases(config: cl.ChenLiConfig, heads: int) -> dict:
         for name, c in (("float32", config), ("float64", high)):
             c = dataclasses.replace(c, span_method=method)
             out[f"{method} {name}"] = lambda s, c=c: span(s["k"], s["K"], s["point"], c)
-    out["tilt"] = lambda s: tilt(s["p"], s["K"], s["S"], s["theta"])
+    out["tilt"] = lambda s: tilt(s["p"], s["K"], s["token"], s["theta"])
     out["search"] = lambda s: search(s["k"], s["p"], s["basis"], s["point"], s["K"])
     return out
 
@@ -155,6 +160,7 @@ def main() -> None:
         state = {"k": k, "p": problem, "theta": teacher.theta}
         state["S"] = timed["sum_w"](state)
         state["K"] = timed["certify"](state)
+        state["token"] = certified_token(problem, state["S"], config)
         state["point"] = timed["min_norm float32"](state)
         state["basis"], _ = timed["subsets float32"](state)
         for name, fn in timed.items():

@@ -71,7 +71,7 @@ class ChenLiConfig(eqx.Module):
     methods whose estimates are computed from the same K and returned (``span_<method>`` in
     ``Fit.estimates``, for the ``sculpt`` study); they do not change the fit.
     ``qp_products="float32"`` (the default; ``None``: the problem's precision) runs phase 4 —
-    its QPs, projections and walks on K — in float32, about twice as fast
+    its QPs, projections and walks on K — in float32, 1.5–1.9× faster
     (``benchmarks/pipeline_phases.py``); the points move by ~1e-5 relative, far below what an
     angle to the span resolves.
     ``search_samples`` (``None``: all) limits phase 5 — the search, its least squares and the
