@@ -66,3 +66,28 @@ def test_sculpt_refuses_bad_specs():
         Sculpt(span_method="lines")
     with pytest.raises(ValueError, match="increasing"):
         Sculpt(samples=(1000, 300))
+
+
+def test_sculpt_figure_shades_where_k_stops_growing(tiny_results):
+    """Grey in the span row from the first N where the median teacher certifies more rows
+    than K keeps; none where it never does."""
+    import matplotlib.pyplot as plt
+
+    from mhalearn.experiments import Sculpt
+
+    study, path = tiny_results["sculpt"]
+    ds = load(path)
+    samples = ds["samples"].values
+    rows = ds["info_rows_certified"].astype(float)
+    for first in (1, None):  # full from the second N on; never full
+        cut = np.inf if first is None else samples[first]
+        ds["info_rows_certified"] = rows * 0 + (ds["samples"] >= cut) * 2.0 * study.max_rows
+        fig = Sculpt.figure(ds)
+        ax = fig.axes[2 * ds.sizes["heads"]]  # the span row, first column (axes row by row)
+        shaded = [p for p in ax.patches if p.get_label().startswith("K full")]
+        if first is None:
+            assert not shaded
+        else:
+            (patch,) = shaded
+            assert patch.get_x() == samples[first]
+        plt.close(fig)

@@ -302,6 +302,8 @@ class Sculpt(Study):
         n = ds["samples"].values
         fig, axes = plots.panels(5, len(heads))
         mid = betas[len(betas) // 2]
+        cap = plots.config_of(ds).get("max_rows", np.inf)
+        shaded = f"K full: median certified rows ≥ {cap}"
         methods = [m for m in cl.SPAN_METHODS if f"span_angle_{m}" in ds]
         for j, h in enumerate(heads):
             cell = ds.sel(heads=h)
@@ -330,6 +332,9 @@ class Sculpt(Study):
                 )
             if "k_tilt" in one:
                 plots.band(axes[2, j], one["k_tilt"], "samples", "K's tilt at the heads", color="k")
+            full = n[one["info_rows_certified"].median("instance").values >= cap]
+            if full.size:  # K holds the first max_rows certified rows: from here it stops growing
+                axes[2, j].axvspan(full.min(), n.max() * 2, color="0.9", zorder=0, label=shaded)
             axes[2, j].axhline(0.1, color="k", linestyle="--", linewidth=0.8)
             axes[0, j].set(title=f"heads m = {h}", ylabel="ΣW relative error", yscale="log")
             axes[1, j].set(ylabel="truth inside K (share)", ylim=(-0.05, 1.05))
@@ -350,8 +355,9 @@ class Sculpt(Study):
             "band: IQR; black: how far a true head can tilt inside K in a random direction "
             f"orthogonal to the span (median over heads and {TILT_DIRECTIONS} directions) — K's "
             "resolution at the heads, which a span estimate from K alone cannot be expected to "
-            "beat; dashed: "
-            "the 0.1-rad target. Rows 4–5: pure mode — the search inside the "
+            "beat; dashed: the 0.1-rad target; grey: the N where the median teacher certifies "
+            "more rows than K keeps (max_rows, the first ones), so that K stops growing with "
+            "N. Rows 4–5: pure mode — the search inside the "
             f"span by {config.get('span_method', '?')} ({config.get('candidates', '?')} "
             f"candidates × 20 LM iterations on the first {config.get('search_samples', '?')} "
             "samples), W by least squares, no unrestricted polish: median largest relative "
