@@ -34,7 +34,13 @@ import jax.numpy as jnp
 
 import mhalearn as mh
 from mhalearn import draws
-from mhalearn.experiments.sculpt import Sculpt
+from mhalearn.experiments.sculpt import (
+    Sculpt,
+    certify_phase,
+    search_phase,
+    span_phase,
+    sum_w_phase,
+)
 from mhalearn.learners import chen_li as cl
 from mhalearn.metrics.recovery import TILT_DIRECTIONS, constraint_tilt
 from mhalearn.solvers import ridge_solve
@@ -94,49 +100,33 @@ def phases(config: cl.ChenLiConfig, heads: int) -> dict:
     high = dataclasses.replace(config, qp_products=None)
 
     @eqx.filter_jit
-    def sum_w(k, p):
-        return cl.refine_sum_w_restarts(k, p.X, p.Y, cl.crude_sum_w(p.X, p.Y), config)[0]
-
-    @eqx.filter_jit
     def sum_w_sorted(k, p):
         return sorted_refinement(k, p.X, p.Y, cl.crude_sum_w(p.X, p.Y), config)
-
-    @eqx.filter_jit
-    def certify(k, p, S):
-        return cl.constraints(k, p.X, cl.certify(p.X, p.Y, S, config), config)
 
     @eqx.filter_jit
     def min_norm(K, c):
         return cl.k_min_norm_point(K, c)
 
     @eqx.filter_jit
-    def span(k, K, point, c):
-        return cl.span_estimate(k, K, heads, c, point)
-
-    @eqx.filter_jit
     def tilt(p, K, token, theta):
         directions = draws.normal(jax.random.key(0), (TILT_DIRECTIONS, *theta.shape[1:]))
         return constraint_tilt(p.X, K.rows, token, theta, config.delta, directions)
 
-    @eqx.filter_jit
-    def search(k, p, basis, point, K):
-        return cl.search_in_span(
-            k, cl.search_problem(p, config), basis, jnp.linalg.norm(point), K, config
-        )
-
     out = {
-        "sum_w": lambda s: sum_w(s["k"], s["p"]),
+        "sum_w": lambda s: sum_w_phase(s["k"], s["p"], config),
         "sum_w_sorted": lambda s: sum_w_sorted(s["k"], s["p"]),
-        "certify": lambda s: certify(s["k"], s["p"], s["S"]),
+        "certify": lambda s: certify_phase(s["k"], s["p"], s["S"], config),
         "min_norm float32": lambda s: min_norm(s["K"], config),
         "min_norm float64": lambda s: min_norm(s["K"], high),
     }
     for method in cl.SPAN_METHODS:
         for name, c in (("float32", config), ("float64", high)):
             c = dataclasses.replace(c, span_method=method)
-            out[f"{method} {name}"] = lambda s, c=c: span(s["k"], s["K"], s["point"], c)
+            out[f"{method} {name}"] = lambda s, c=c: span_phase(
+                s["k"], s["K"], heads, c, s["point"]
+            )
     out["tilt"] = lambda s: tilt(s["p"], s["K"], s["token"], s["theta"])
-    out["search"] = lambda s: search(s["k"], s["p"], s["basis"], s["point"], s["K"])
+    out["search"] = lambda s: search_phase(s["k"], s["p"], s["basis"], s["point"], s["K"], config)
     return out
 
 

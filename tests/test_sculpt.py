@@ -69,8 +69,8 @@ def test_sculpt_refuses_bad_specs():
 
 
 def test_sculpt_figure_shades_where_k_stops_growing(tiny_results):
-    """Grey in the span row from the first N where the median teacher certifies more rows
-    than K keeps; none where it never does."""
+    """Grey in the span row from the first N where the median teacher certifies at least the
+    rows K keeps; none where it never does."""
     import matplotlib.pyplot as plt
 
     from mhalearn.experiments import Sculpt

@@ -95,25 +95,30 @@ def _timed(fn, *args):
     return out, time.perf_counter() - start
 
 
-# the phases, each compiled on its own for timing (the study's run compiles them as one)
+# the phases, each compiled on its own for timing (the study's run compiles them as one;
+# benchmarks/pipeline_phases.py times them too)
 @eqx.filter_jit
-def _sum_w(key, problem, config):
+def sum_w_phase(key, problem, config):
+    """Phases 1–2: the refined ΣW."""
     X, Y = problem.X, problem.Y
     return cl.refine_sum_w_restarts(key, X, Y, cl.crude_sum_w(X, Y), config)[0]
 
 
 @eqx.filter_jit
-def _certify(key, problem, S, config):
+def certify_phase(key, problem, S, config):
+    """Phase 3: the certificate and K."""
     return cl.constraints(key, problem.X, cl.certify(problem.X, problem.Y, S, config), config)
 
 
 @eqx.filter_jit
-def _span(key, K, heads, config):
-    return cl.span_estimate(key, K, heads, config)
+def span_phase(key, K, heads, config, point=None):
+    """Phase 4: (span basis, K's min-norm point), the point computed when not given."""
+    return cl.span_estimate(key, K, heads, config, point)
 
 
 @eqx.filter_jit
-def _search(key, problem, basis, point, K, config):
+def search_phase(key, problem, basis, point, K, config):
+    """Phase 5: the search inside the span."""
     problem = cl.search_problem(problem, config)
     return cl.search_in_span(key, problem, basis, jnp.linalg.norm(point), K, config)
 
@@ -255,10 +260,10 @@ class Sculpt(Study):
         for i, beta in enumerate(betas):  # the first teacher compiles every phase
             k = jax.random.fold_in(key, i)
             p = sample(k, jnp.asarray(beta, jnp.result_type(float)))
-            S, t_sum_w = _timed(_sum_w, k, p, config)
-            K, t_certify = _timed(_certify, k, p, S, config)
-            (basis, point), t_span = _timed(_span, k, K, cell["heads"], config)
-            _, t_search = _timed(_search, k, p, basis, point, K, config)
+            S, t_sum_w = _timed(sum_w_phase, k, p, config)
+            K, t_certify = _timed(certify_phase, k, p, S, config)
+            (basis, point), t_span = _timed(span_phase, k, K, cell["heads"], config)
+            _, t_search = _timed(search_phase, k, p, basis, point, K, config)
             if i > 0:
                 total += (t_sum_w, t_certify, t_span, t_search)
         return dict(zip(PHASES, total / self.timing_instances, strict=True))
