@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -270,7 +271,15 @@ def main() -> None:
     p.add_argument("--check", action="store_true", help="check the baseline's Jacobian only")
     p.add_argument("--memory", action="store_true", help="peak memory at 64 and 4096 teachers")
     p.add_argument("--memory-one", nargs=2, help=argparse.SUPPRESS)
+    p.add_argument(
+        "--cpu-devices",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="split the CPU into this many devices for the batched learners (default: one "
+        "per core; the program is compiled once and runs on each)",
+    )
     args = p.parse_args()
+    cpu_devices = mh.split_cpu(args.cpu_devices)  # before JAX touches a device
     if args.memory_one:
         print(json.dumps(memory_one(args.memory_one[0], int(args.memory_one[1]))))
         return
@@ -294,7 +303,7 @@ def main() -> None:
     if args.small:
         cells = [(*CELLS[0][:4], 16)]
     restarts = make_learner("varpro", 1).restarts
-    print(f"machine: {machine()}, jax {jax.__version__}, float64")
+    print(f"machine: {machine()}, jax {jax.__version__}, float64, CPU split {cpu_devices}")
     # an empty persistent cache: the first call of a cell compiles (and stores), the warm one
     # reads what it stored — a second run of the same study
     mh.enable_compilation_cache(tempfile.mkdtemp(prefix="mhalearn-xla-"))
@@ -312,6 +321,7 @@ def main() -> None:
         for name, o in out.items():
             o.setdefault("wall_warm_s", o["wall_s"] if name == "scipy_varpro" else float("nan"))
             row = {**shape, "teachers": teachers, "learner": name, **o}
+            row["cpu_devices"] = cpu_devices  # the JAX learners'; the baseline is numpy's
             for kind in ("wall", "wall_warm", "steady"):
                 row[f"s_per_recovered_{kind}"] = per(o, f"{kind}_s")
                 ratio = per(base, f"{kind}_s") / per(o, f"{kind}_s") if o["recovered"] else 0.0

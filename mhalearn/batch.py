@@ -14,7 +14,8 @@
   results form one Array sharded over a 1-D mesh of those devices; after
   ``jax.distributed.initialize`` the mesh spans every process's devices and each process
   receives the full results. On a CPU split into one device per core (:func:`split_cpu`)
-  the cores run instance programs side by side.
+  the cores run instance programs side by side, all of them one binary, compiled once and
+  loaded for each device (:func:`_relocated`).
 - **Vector width.** The compiled unit is a group of ``vector_width`` instances on one
   device. On CPU the group is a loop: its instances run one after another through the plain,
   unbatched program, so a result is the same bit for bit at every width, and a width only
@@ -44,12 +45,13 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import io
 import math
 import os
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import equinox as eqx
 import jax
@@ -83,10 +85,11 @@ def select_devices(devices: int | Sequence[jax.Device] | None = None) -> list[ja
 def split_cpu(count: int | None = None) -> int:
     """Make the CPU appear as ``count`` devices (default: one per core), so that
     :func:`map_instances` runs instance programs on every core side by side instead of one
-    program at a time. Each device compiles its own copy of a program: compilation takes
-    ``count`` times longer, the steady state up to ``count`` times less. Results are unchanged
-    (every device runs the same single-device program). Call it before JAX first uses a
-    device; returns ``count``."""
+    program at a time: the steady state takes up to ``count`` times less, and the program is
+    compiled once (loaded for the other devices, a few tenths of a second each; compiled for
+    each where it cannot be, see :func:`_relocated`). Results are unchanged (every device runs
+    the same single-device program). Call it before JAX first uses a device; returns
+    ``count``."""
     count = positive_int("cpu_devices", (os.cpu_count() or 1) if count is None else count)
     try:
         jax.config.update("jax_num_cpu_devices", count)
@@ -167,10 +170,30 @@ def compiler_options(devices: Sequence[jax.Device]) -> dict[str, str]:
     return dict(_CPU_OPTIONS) if devices[0].platform == "cpu" else {}
 
 
-def _compile(fn: Callable, args: tuple, options: dict) -> Any:
+#: persistent-cache hits seen by this process (a program read from JAX's persistent cache
+#: cannot be serialized again whole on CPU: it is never relocated, see :func:`_relocated`)
+_CACHE_HITS = [0]
+
+
+def _count_cache_hit(event: str, **_) -> None:
+    if event == "/jax/compilation_cache/cache_hits":
+        _CACHE_HITS[0] += 1
+
+
+jax.monitoring.register_event_listener(_count_cache_hit)
+
+
+class _Program(NamedTuple):
+    compiled: Any
+    #: compiled in this process (not read from the persistent cache): it can be relocated
+    relocatable: bool
+
+
+def _compile(fn: Callable, args: tuple, options: dict) -> _Program:
+    hits = _CACHE_HITS[0]
     lowered = jax.jit(fn).lower(*args)
     try:
-        return lowered.compile(compiler_options=options or None)
+        compiled = lowered.compile(compiler_options=options or None)
     except jax.errors.JaxRuntimeError as err:
         unknown = [k for k in options if k in str(err)]
         if not unknown:
@@ -180,14 +203,15 @@ def _compile(fn: Callable, args: tuple, options: dict) -> Any:
             RuntimeWarning,
             stacklevel=3,
         )
-        return lowered.compile()
+        compiled = lowered.compile()
+    return _Program(compiled, _CACHE_HITS[0] == hits)
 
 
 #: compiled group programs of this process, by everything that determines them (the function,
 #: the static part of ``shared``, the argument shapes, the width, the options, the device): a
 #: repeated call with the same structure — another seed, other swept numbers, another cell of
 #: the same shapes — runs without compiling. The oldest are dropped beyond _KEPT.
-_PROGRAMS: collections.OrderedDict[Any, Any] = collections.OrderedDict()
+_PROGRAMS: collections.OrderedDict[Any, _Program] = collections.OrderedDict()
 _KEPT = 32
 
 
@@ -212,15 +236,63 @@ def _program_key(fn, shared_static, key_kind, width, args, options, device) -> A
     return key
 
 
-def _cached_compile(program_key, program: Callable, args: tuple, options: dict) -> Any:
-    if program_key is None:
-        return _compile(program, args, options)
-    if program_key not in _PROGRAMS:
-        _PROGRAMS[program_key] = _compile(program, args, options)
+def _relocated(program: _Program, device: jax.Device) -> _Program | None:
+    """``program``, compiled for one CPU device, loaded to run on ``device`` (a CPU device of
+    the same process) without compiling again: its binary does not depend on which CPU device
+    runs it, only its device assignment does, so the results are the same bit for bit. None
+    where it cannot be (the caller then compiles): read from the persistent cache, already run
+    (XLA:CPU then holds parts it cannot serialize, such as a sort's comparator), or a JAX whose
+    internals used here changed."""
+    if not program.relocatable:
+        return None
+    try:
+        from jax._src.lib import xla_client as xc
+        from jax.experimental import serialize_executable as se
+
+        payload, in_tree, out_tree = se.serialize(program.compiled)
+        options = xc.CompileOptions()
+        options.device_assignment = xc.DeviceAssignment.create(
+            np.array([[device.id]], dtype=np.int32)
+        )
+
+        class Unpickler(se._JaxPjrtUnpickler):
+            def persistent_load(self, pid):
+                if pid[0] == "device":
+                    return device
+                if pid[0] == "exec":
+                    return self.backend.deserialize_executable(
+                        pid[1], executable_devices=self.execution_devices, compile_options=options
+                    )
+                return super().persistent_load(pid)
+
+        unloaded, args_info, no_kwargs = Unpickler(
+            io.BytesIO(payload), device.client, [device]
+        ).load()
+        compiled = jax.stages.Compiled(
+            unloaded.load(), [], in_tree.unflatten(args_info), out_tree, no_kwargs=no_kwargs
+        )
+    except Exception:  # any failure of these internals: compile instead
+        return None
+    return _Program(compiled, False)
+
+
+def _cached_compile(
+    program_key, program: Callable, args: tuple, options: dict, device: jax.Device, like=None
+) -> tuple[_Program, str]:
+    """The compiled program, kept by ``program_key``, and how it was had: ``"kept"`` (from an
+    earlier call), ``"compiled"``, or ``"relocated"`` from ``like``, the same program compiled
+    for another CPU device (:func:`_relocated`), which is tried before compiling."""
+    if program_key is not None and program_key in _PROGRAMS:
+        _PROGRAMS.move_to_end(program_key)
+        return _PROGRAMS[program_key], "kept"
+    built = None if like is None else _relocated(like, device)
+    how = "compiled" if built is None else "relocated"
+    built = _compile(program, args, options) if built is None else built
+    if program_key is not None:
+        _PROGRAMS[program_key] = built
         while len(_PROGRAMS) > _KEPT:
             _PROGRAMS.popitem(last=False)
-    _PROGRAMS.move_to_end(program_key)
-    return _PROGRAMS[program_key]
+    return built, how
 
 
 def _host(x: jax.Array) -> np.ndarray:
@@ -374,8 +446,10 @@ def map_instances(
     told when compilation starts and as instances finish.
 
     ``stats``, when a dict is given, receives ``compile_seconds`` (ahead-of-time compilation,
-    all devices), ``run_seconds`` (everything after it, results on the host included) and
-    ``vector_width`` (the width used).
+    all devices), ``run_seconds`` (everything after it, results on the host included),
+    ``vector_width`` (the width used) and how many device programs were ``programs_compiled``,
+    ``programs_relocated`` (another CPU device's binary, loaded: :func:`_relocated`) and
+    ``programs_kept`` (compiled by an earlier call).
     """
     instances = positive_int("instances", instances)
     devs = select_devices(devices)
@@ -412,8 +486,13 @@ def map_instances(
         for d in mine:
             args = group_args(first, d)
             key = _program_key(fn, shared_static, key_kind, (width, looped), args, options, d)
-            compiled[d] = _cached_compile(key, program, args, options)
-        return compiled
+            # on CPU every device runs the first device's binary: compiled once
+            like = compiled[mine[0]] if looped and d != mine[0] else None
+            compiled[d], how = _cached_compile(key, program, args, options, d, like)
+            programs[how] += 1
+        return {d: p.compiled for d, p in compiled.items()}
+
+    programs = collections.Counter()
 
     options = compiler_options(devs) if options is None else options
     run_group = compile_all(width)
@@ -436,7 +515,10 @@ def map_instances(
     result = jax.tree.map(lambda *parts: np.concatenate(parts), *pieces)
     if stats is not None:
         stats.update(
-            compile_seconds=toc - tic, run_seconds=time.perf_counter() - toc, vector_width=width
+            compile_seconds=toc - tic,
+            run_seconds=time.perf_counter() - toc,
+            vector_width=width,
+            **{f"programs_{how}": programs[how] for how in ("compiled", "relocated", "kept")},
         )
     return result
 

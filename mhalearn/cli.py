@@ -120,8 +120,9 @@ class Run:
     devices: Annotated[int | None, _unset("every device")] = None
     """How many devices to spread instances over."""
     cpu_devices: Annotated[int | None, _unset("one device")] = None
-    """Split the CPU into this many devices (e.g. one per core): slower compiles; faster GD
-    runs, slower variable projection (measured, README Performance)."""
+    """Split the CPU into this many devices (e.g. one per core), each program compiled once:
+    faster GD runs and variable projection at N ≥ 1000, slower variable projection at tiny N
+    (measured, README Performance)."""
     overwrite: bool = False
     """Replace everything in OUT/STUDY/ (results of another config included)."""
     quiet: bool = False

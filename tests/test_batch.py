@@ -162,6 +162,50 @@ def test_wide_groups_on_two_cpu_devices_finish():
     assert "finished True" in proc.stdout
 
 
+COMPILED_ONCE = """
+import sys, jax, numpy as np, mhalearn as mh
+mh.set_precision("float64")
+mh.split_cpu(2)
+mh.enable_compilation_cache(sys.argv[1])
+task = mh.RegressionTask(
+    teacher=mh.TeacherSpec(heads=2, dim=4, tokens=3), samples=40, test_samples=16
+)
+learner = mh.VarProConfig(iterations=4, restarts=2)
+runs = {}
+for name, devices in (("two", 2), ("two again", 2), ("one", 1)):
+    mh.batch.clear_programs()  # as a new process: the persistent cache only
+    runs[name] = mh.simulate(jax.random.key(3), task, learner, 6, devices=devices)
+    print(name, *(runs[name].attrs[f"programs_{h}"] for h in ("compiled", "relocated")))
+for name in ("two", "two again"):
+    same = all(
+        np.array_equal(value, runs["one"].arrays()[k], equal_nan=True)
+        for k, value in runs[name].arrays().items()
+    )
+    print(name, "same as one device", same)
+"""
+
+
+def test_two_cpu_devices_compile_once_and_match_one_device_bit_for_bit(tmp_path):
+    """The second CPU device runs the first one's binary, loaded, not compiled again — but
+    not a binary read from the persistent cache (XLA:CPU cannot serialize it again whole: it
+    ran as "function not found"), which is compiled for each device; the results are those
+    of one device, bit for bit, either way."""
+    proc = subprocess.run(
+        [sys.executable, "-c", COMPILED_ONCE, str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert "two 1 1" in lines, proc.stdout  # compiled once, relocated once
+    assert "two again 2 0" in lines, proc.stdout  # from the cache: never relocated
+    assert "one 1 0" in lines, proc.stdout
+    assert "two same as one device True" in lines, proc.stdout
+    assert "two again same as one device True" in lines, proc.stdout
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -211,6 +255,7 @@ def test_a_repeated_structure_compiles_once_per_process_with_the_same_numbers():
         c = mh.simulate(jax.random.key(5), task, mh.GDConfig(steps=8, lr=0.02), 3)
     assert names.count("instance_group") == 2, names  # another seed and lr: no compilation
     assert b.attrs["compile_seconds"] < a.attrs["compile_seconds"] and c.trace_steps[-1] == 8
+    assert (a.attrs["programs_compiled"], b.attrs["programs_kept"]) == (1, 1)
     mh.batch.clear_programs()
     fresh = mh.simulate(jax.random.key(6), task, mh.GDConfig(steps=7, lr=0.05), 3)
     for name, value in fresh.arrays().items():
