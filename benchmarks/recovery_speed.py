@@ -18,9 +18,12 @@ shape in the process; nothing is kept from an earlier cell), the steady state ap
 same call after its compilation), and for variable projection the wall time of a second run
 of the study (``wall_warm_s``: the call again in a process that has forgotten its programs,
 which it reads from the persistent compilation cache of ``mh.enable_compilation_cache``,
-empty at the start of the script). A teacher is recovered when every matched Θ_i and W_i is
-within 1e-3 relative error, scored the same way for every learner. Prints a table per cell
-and the ratios; appends rows to benchmarks/results/recovery_speed.csv.
+empty at the start of the script; on a split CPU only the first device's program is in it —
+the others were loaded from it, not compiled — so the warm call compiles theirs). The CPU is
+split into ``--cpu-devices`` devices (default one per core) for the batched learners; the
+scipy baseline runs in numpy, on the same cores. A teacher is recovered when every matched
+Θ_i and W_i is within 1e-3 relative error, scored the same way for every learner. Prints a
+table per cell and the ratios; appends rows to benchmarks/results/recovery_speed.csv.
 
 The scipy set-up is the fastest of those we tried at the first cell (seconds per teacher,
 two starts at most): ``method="lm"`` (MINPACK) with a dense J 5.2, ``trf`` with a dense J 5.1

@@ -479,6 +479,8 @@ def map_instances(
     if report is not None:
         report("compiling", 0, instances)
 
+    programs = collections.Counter()  # how each device program was had
+
     def compile_all(width):
         program = _group_program(fn, shared_static, rebuild_key, width, looped)
         first = np.zeros(width, dtype=np.int64)  # rows of the first group, to compile
@@ -491,8 +493,6 @@ def map_instances(
             compiled[d], how = _cached_compile(key, program, args, options, d, like)
             programs[how] += 1
         return {d: p.compiled for d, p in compiled.items()}
-
-    programs = collections.Counter()
 
     options = compiler_options(devs) if options is None else options
     run_group = compile_all(width)
