@@ -137,7 +137,7 @@ def unit_updates(normalize: Literal["joint", "field"] = "joint") -> optax.Gradie
         del params
         if normalize == "field":
             return jax.tree.map(lambda g: divide(g, jnp.linalg.norm(g.ravel())), updates), state
-        norm = optax.global_norm(updates)
+        norm = jnp.sqrt(sum(jnp.sum(g**2) for g in jax.tree.leaves(updates)))
         return jax.tree.map(lambda g: divide(g, norm), updates), state
 
     return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
