@@ -285,9 +285,11 @@ def _cached_compile(
     if program_key is not None and program_key in _PROGRAMS:
         _PROGRAMS.move_to_end(program_key)
         return _PROGRAMS[program_key], "kept"
-    built = None if like is None else _relocated(like, device)
-    how = "compiled" if built is None else "relocated"
-    built = _compile(program, args, options) if built is None else built
+    moved = None if like is None else _relocated(like, device)
+    if moved is None:
+        built, how = _compile(program, args, options), "compiled"
+    else:
+        built, how = moved, "relocated"
     if program_key is not None:
         _PROGRAMS[program_key] = built
         while len(_PROGRAMS) > _KEPT:
