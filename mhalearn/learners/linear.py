@@ -36,6 +36,18 @@ def solve_values(
     The (relative) ridge keeps the solve defined when features coincide (identical heads,
     Θ = 0); ``scale`` is the mean diagonal of ZᵀZ.
     """
+    return values_and_residual(X, Y, theta, ridge)[0]
+
+
+def values_and_residual(
+    X: Float[Array, "samples tokens dim"],
+    Y: Float[Array, "samples tokens dim"],
+    theta: Float[Array, "heads dim dim"],
+    ridge: float | Array = 1e-10,
+) -> tuple[Float[Array, "heads dim dim"], Float[Array, "rows dim"]]:
+    """:func:`solve_values` and the residual Z·W − Y it leaves (rows (sample, token)), from
+    the same design Z: the layer's outputs without computing the attention again."""
     Z = design(X, theta)
-    W = ridge_solve(Z.T @ Z, Z.T @ Y.reshape(-1, Y.shape[-1]), ridge)
-    return W.reshape(theta.shape[0], theta.shape[1], Y.shape[-1])
+    Y = Y.reshape(-1, Y.shape[-1])
+    W = ridge_solve(Z.T @ Z, Z.T @ Y, ridge)
+    return W.reshape(theta.shape[0], theta.shape[1], Y.shape[-1]), Z @ W - Y

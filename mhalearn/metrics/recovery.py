@@ -7,9 +7,13 @@ parameter errors are over the matched pairs.
 
 from __future__ import annotations
 
+import itertools
+import math
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jaxtyping import Array, Bool, Float, Int
 
@@ -49,20 +53,31 @@ def matching_cost(
     return cost
 
 
+#: most pairings :func:`match_heads` enumerates; beyond, it solves the assignment (optax)
+ENUMERATED_PAIRINGS = 24
+
+
 def match_heads(
     student: LayerParams, teacher: LayerParams
 ) -> tuple[Int[Array, " teacher_heads"], Int[Array, " teacher_heads"]]:
-    """Hungarian matching (optax) of student heads to teacher heads.
+    """The pairing of teacher heads with distinct student heads of least total
+    :func:`matching_cost`.
 
     Returns ``(student_idx, teacher_idx)``, pairs sorted by teacher head; needs
-    student heads >= teacher heads.
+    student heads >= teacher heads. Up to :data:`ENUMERATED_PAIRINGS` pairings (four heads)
+    every one is scored and the first best kept — a program XLA compiles in a fifth of the
+    time of the assignment solver's loop, and every study compiles it; more heads are matched
+    by the Hungarian algorithm (optax).
     """
-    if student.theta.shape[0] < teacher.theta.shape[0]:
-        raise ValueError(
-            f"student heads must be >= teacher heads to match, received "
-            f"{student.theta.shape[0]} < {teacher.theta.shape[0]}"
-        )
-    rows, cols = optax.assignment.hungarian_algorithm(matching_cost(student, teacher))
+    s, t = student.theta.shape[0], teacher.theta.shape[0]
+    if s < t:
+        raise ValueError(f"student heads must be >= teacher heads to match, received {s} < {t}")
+    cost = matching_cost(student, teacher)
+    if math.perm(s, t) <= ENUMERATED_PAIRINGS:
+        pairings = np.array(list(itertools.permutations(range(s), t)), dtype=np.int32)
+        best = jnp.argmin(jnp.sum(cost[pairings, np.arange(t)], axis=1))
+        return jnp.asarray(pairings)[best], jnp.arange(t, dtype=jnp.int32)
+    rows, cols = optax.assignment.hungarian_algorithm(cost)
     order = jnp.argsort(cols)
     return rows[order], cols[order]
 

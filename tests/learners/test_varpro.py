@@ -25,6 +25,13 @@ def test_design_and_least_squares_values_equal_references(rng):
     W = linear.solve_values(problem.X, problem.Y, theta, ridge=0.0)
     lstsq = np.linalg.lstsq(Z, problem.Y.reshape(-1, 4), rcond=None)[0]
     np.testing.assert_allclose(np.asarray(W).reshape(8, 4), lstsq, rtol=1e-8, atol=1e-10)
+    # the residual those values leave, and the reduced cost: against the reference layer
+    W, residual = linear.values_and_residual(problem.X, problem.Y, theta, ridge=0.0)
+    outputs = np.stack([ref.mha(x, theta, np.asarray(W)) for x in problem.X])
+    want = outputs - problem.Y
+    np.testing.assert_allclose(residual, want.reshape(-1, 4), rtol=1e-9, atol=1e-12)
+    cost, _ = varpro.reduced_cost(problem, theta, 0.0)
+    np.testing.assert_allclose(cost, np.mean(want**2), rtol=1e-10)
 
 
 def test_gauss_newton_system_is_kaufman_projection(rng):
@@ -171,18 +178,21 @@ def test_float32_products_and_chunks_give_the_same_system(rng):
         np.testing.assert_allclose(g32, g, atol=1e-5 * np.abs(g).max())
 
 
-def test_reusing_the_system_for_a_second_step_converges_in_fewer_systems():
-    # a Shamanskii step (same matrix, fresh gradient) on realizable data: the cost never
-    # rises, every fit converges, and no fit needs more systems than plain LM
+def test_reusing_the_system_converges_in_fewer_systems():
+    # Shamanskii steps (same matrix, fresh gradient) on realizable data: the cost never
+    # rises, every fit converges, and the more steps a matrix may serve, the fewer systems
+    # each fit needs (never more)
     task = mh.RegressionTask(teacher=mh.TeacherSpec(heads=2, dim=4, tokens=3), samples=200)
     systems = {}
-    for reuse in (1, 2):
+    for reuse in (1, 2, 4):
         config = varpro.VarProConfig(iterations=20, restarts=1, steps_per_system=reuse)
         res = mh.simulate(jax.random.key(0), task, config, 8)
         assert np.all(np.diff(res.trace["loss"], axis=1) <= 0)
         assert np.all(res.status["converged"])
         systems[reuse] = res.status["steps_taken"]
-    assert np.all(systems[2] <= systems[1]) and systems[2].sum() < systems[1].sum()
+    for fewer, more in ((1, 2), (2, 4)):
+        assert np.all(systems[more] <= systems[fewer])
+        assert systems[more].sum() < systems[fewer].sum()
 
 
 def test_a_float32_system_reaches_the_float64_fits():

@@ -31,6 +31,23 @@ def test_hungarian_equals_scipy(rng, rows, cols):
         np.testing.assert_allclose(g, c[r, k].sum(), rtol=1e-12)
 
 
+@pytest.mark.parametrize("student_heads,teacher_heads", [(2, 2), (3, 2), (4, 4), (5, 5), (6, 3)])
+def test_match_heads_least_total_cost_equals_scipy(rng, student_heads, teacher_heads):
+    # (2, 2), (3, 2), (4, 4): every pairing scored; (5, 5), (6, 3): the Hungarian algorithm
+    enumerated = math.perm(student_heads, teacher_heads) <= recovery.ENUMERATED_PAIRINGS
+    assert enumerated == (student_heads <= 4)
+    students = [layer(rng, student_heads, 3) for _ in range(8)]
+    teachers = [layer(rng, teacher_heads, 3) for _ in range(8)]
+    stack = lambda ls: jax.tree.map(lambda *a: np.stack(a), *ls)  # noqa: E731
+    s_idx, t_idx = jax.jit(jax.vmap(mh.match_heads))(stack(students), stack(teachers))
+    for s, t, si, ti in zip(students, teachers, s_idx, t_idx, strict=True):
+        cost = np.asarray(recovery.matching_cost(s, t))
+        r, k = scipy.optimize.linear_sum_assignment(cost)
+        np.testing.assert_array_equal(ti, np.arange(teacher_heads))
+        assert len(set(np.asarray(si).tolist())) == teacher_heads  # distinct student heads
+        np.testing.assert_allclose(cost[si, ti].sum(), cost[r, k].sum(), rtol=1e-12)
+
+
 def brute_force_errors(student, teacher):
     """Best pairing by enumerating every assignment, then the errors in plain numpy."""
     th_s, w_s = np.asarray(student.theta), np.asarray(student.W)
