@@ -47,7 +47,8 @@ class VarProConfig(eqx.Module):
     An iteration forms the Gauss–Newton system once and takes up to ``steps_per_system``
     damped steps with it, the gradient evaluated afresh before each step after the first (a
     Shamanskii-type method: the matrix, the costly part, is reused while its steps are
-    accepted; 2 saves a fifth of the systems on random teachers, 1 is plain LM).
+    accepted; 2 saves a fifth of the systems on random teachers, 4 — the registered
+    ``varpro`` — another 15%, 1 is plain LM).
     ``sample_chunk`` samples at a time build the system (``None``: about 512 (sample, token)
     rows). ``products="float32"`` (the default) builds and factors it in float32 — it only
     sets the step; the residual and the cost that accepts a step stay in the problem's
