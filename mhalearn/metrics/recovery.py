@@ -66,8 +66,8 @@ def match_heads(
     Returns ``(student_idx, teacher_idx)``, pairs sorted by teacher head; needs
     student heads >= teacher heads. Up to :data:`ENUMERATED_PAIRINGS` pairings (four heads)
     every one is scored and the first best kept — a program XLA compiles in a fifth of the
-    time of the assignment solver's loop, and every study compiles it; more heads are matched
-    by the Hungarian algorithm (optax).
+    time of the assignment solver's loop, and every recovery study compiles it; more heads
+    are matched by the Hungarian algorithm (optax).
     """
     s, t = student.theta.shape[0], teacher.theta.shape[0]
     if s < t:
