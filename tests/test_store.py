@@ -217,3 +217,17 @@ def test_growing_a_grid_computes_only_the_new_cells_and_equals_a_fresh_run(tmp_p
     other = Regimes(beta=(1.0, 4.0), heads=(1, 2, 3), inputs=("boolean",), samples=8, dim=6)
     with pytest.raises(ValueError, match="dim is 8 there, 6 here"):
         Store(tmp_path / "grown", other.config(), grid=other.static_axes)
+
+
+def test_a_run_logged_to_a_file_says_what_is_left_and_each_cell_it_finishes(tmp_path, capsys):
+    """stderr not a terminal (as under pytest, or a run in the background): plain lines."""
+    small = Regimes(beta=(1.0,), heads=(1,), inputs=("boolean",), samples=8, instances=2)
+    large = Regimes(beta=(1.0,), heads=(1, 2, 3), inputs=("boolean",), samples=8, instances=2)
+    run_study(small, Store(tmp_path, small.config(), grid=small.static_axes))
+    capsys.readouterr()
+    run_study(large, Store(tmp_path, large.config(), grid=large.static_axes), quiet=False)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == "regimes: 2 of 3 cells to run (1 already stored)"
+    names = [line.split()[1] for line in lines[1:]]
+    assert names == ["inputs-boolean_heads-2_tokens-4", "inputs-boolean_heads-3_tokens-4"]
+    assert lines[-1].endswith("so far)") and "(3/3 cells, " in lines[-1]

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -212,17 +213,26 @@ def merge_cells(study: Study, cells: list[dict[str, Any]], datasets: list) -> An
 
 class _CellBar:
     """A terminal progress bar of cells whose text shows the current cell's phase (compiling,
-    then instances done) and whose clock moves while XLA compiles; silent when stderr is not
-    a terminal."""
+    then instances done) and whose clock moves while XLA compiles. When stderr is not a
+    terminal (a run in the background, its output in a log), a plain line instead: how many
+    cells are left at the start, then one per finished cell with its time."""
 
     def __init__(self, study: Study, total: int, done: int):
         from tqdm.auto import tqdm
 
-        # disable=None: silent when stderr is not a terminal
+        # disable=None: silent when stderr is not a terminal (the lines below speak instead)
         self.bar = tqdm(total=total, initial=done, desc=study.name, unit="cell", disable=None)
+        self.name, self.total, self.done = study.name, total, done
+        self.start = self.tic = time.perf_counter()
         self.stop = threading.Event()
         if not self.bar.disable:
             threading.Thread(target=self._tick, name="mhalearn-progress", daemon=True).start()
+        else:
+            stored = f" ({done} already stored)" if done else ""
+            self._line(f"{total - done} of {total} cells to run{stored}")
+
+    def _line(self, text: str) -> None:
+        print(f"{self.name}: {text}", file=sys.stderr, flush=True)
 
     def _tick(self) -> None:
         while not self.stop.wait(1.0):
@@ -239,9 +249,17 @@ class _CellBar:
 
         return dataclasses.replace(engine, progress=report)
 
-    def advance(self) -> None:
-        """One more cell done."""
+    def advance(self, name: str) -> None:
+        """Cell ``name`` done."""
         self.bar.update(1)
+        self.done += 1
+        if self.bar.disable:
+            now = time.perf_counter()
+            self._line(
+                f"{name} done in {now - self.tic:.0f}s ({self.done}/{self.total} cells, "
+                f"{now - self.start:.0f}s so far)"
+            )
+            self.tic = now
 
     def close(self) -> None:
         self.stop.set()
@@ -252,7 +270,8 @@ def run_study(study: Study, store=None, engine: Engine | None = None, quiet: boo
     """Run every cell of ``study`` (only the missing ones when ``store`` holds some) and return
     the merged Dataset; with a store, each finished cell is saved at once and the merged
     results are written to ``store.results_path``. Unless ``quiet``, a progress bar (on a
-    terminal) counts cells and shows the current cell's phase."""
+    terminal) counts cells and shows the current cell's phase; when stderr is not a terminal, a
+    line on it says how many cells are left, then one per finished cell, with its time."""
     engine = engine or Engine()
     cells = study.cells()
     key = jax.random.key(study.seed)
@@ -269,7 +288,7 @@ def run_study(study: Study, store=None, engine: Engine | None = None, quiet: boo
             else:
                 store.write_cell(name, ds)
             if bar is not None:
-                bar.advance()
+                bar.advance(name)
     finally:
         if bar is not None:
             bar.close()
