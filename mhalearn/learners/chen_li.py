@@ -260,6 +260,11 @@ def order_code(x: Float[Array, " n"]) -> Array:
     return jnp.where(jnp.isnan(x), ~unsigned(0), code)
 
 
+#: a refinement round solves for ΣW only when its kept tokens' Gram matrix has its smallest
+#: eigenvalue above this share of its mean eigenvalue
+DETERMINED = 1e-6
+
+
 def refine_sum_w(
     X: Float[Array, "samples tokens dim"],
     Y: Float[Array, "samples tokens dim"],
@@ -268,7 +273,11 @@ def refine_sum_w(
 ) -> tuple[Float[Array, "dim dim"], Float[Array, "rounds dim dim"]]:
     """Alternate matching rows to tokens and least squares for ΣW on the best-matching share
     of rows, that share shrinking geometrically from ``quantile_start`` to ``quantile_end``.
-    Returns the final ΣW and the estimate after each round."""
+    A round whose kept rows' tokens do not determine ΣW (their Gram matrix's smallest
+    eigenvalue below :data:`DETERMINED` times its mean) leaves it unchanged: the rows of
+    smallest residual can be a skewed few — at one head and β 8 the 60 rows the last round
+    kept spanned 5 of 8 dimensions, and their least squares left even the true ΣW for one with
+    relative error 0.65. Returns the final ΣW and the estimate after each round."""
     rounds = config.refit_rounds
     ratio = jnp.asarray(config.quantile_end / config.quantile_start)
     shares = config.quantile_start * ratio ** (jnp.arange(rounds) / max(rounds - 1, 1))
@@ -280,7 +289,8 @@ def refine_sum_w(
         rows = (keep[..., None] * xb).reshape(-1, xb.shape[-1])  # (n·a, dim), 0 if not kept
         gram = rows.T @ xb.reshape(rows.shape)  # two plain products: ~4× faster than the
         rhs = rows.T @ Y.reshape(rows.shape)  # einsum over (n, a) at N = 10⁵
-        S = ridge_solve(gram, rhs, 1e-9)
+        determined = jnp.linalg.eigvalsh(gram)[0] > DETERMINED * jnp.trace(gram) / S.shape[0]
+        S = jnp.where(determined, ridge_solve(gram, rhs, 1e-9), S)
         return S, S
 
     return jax.lax.scan(round_, S0, shares)
