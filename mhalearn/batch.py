@@ -34,6 +34,12 @@
   memory: give ``vector_width`` to pin it; ``stats`` reports the width used).
 - **Compiler options.** Instance programs are compiled with :func:`compiler_options` (on CPU:
   matrix products through the YNNPACK library) unless ``options`` says otherwise.
+- **Matrix-product precision.** Instance programs are traced at
+  :data:`MATMUL_PRECISION` (``"highest"``: float32 products in float32 on every device)
+  unless ``jax_default_matmul_precision`` is set: JAX's own default computes float32 products
+  in TensorFloat-32 on NVIDIA GPUs since Ampere (about 10 bits of mantissa; float32 GD on an
+  H200 then differed from the CPU by 1e-4 relative, against 2e-7 at ``"highest"``,
+  benchmarks/accelerator_agreement.py). On CPU both are float32, bit for bit.
 - **Compiled once per process.** A compiled program is kept (the last 32) and reused by any
   later call with the same function, static settings, shapes, width, options and device —
   another seed, other swept values, a cell of the same shapes — as long as the function is
@@ -189,9 +195,22 @@ class _Program(NamedTuple):
     relocatable: bool
 
 
+#: the matrix-product precision instance programs are traced at, unless
+#: ``jax_default_matmul_precision`` is set (see the module's docstring)
+MATMUL_PRECISION = "highest"
+
+
+def _lower(fn: Callable, args: tuple) -> Any:
+    """``jit(fn)`` lowered for ``args``, its matrix products at :data:`MATMUL_PRECISION` unless
+    the user configured JAX's default precision."""
+    precision = jax.config.jax_default_matmul_precision or MATMUL_PRECISION
+    with jax.default_matmul_precision(precision):
+        return jax.jit(fn).lower(*args)
+
+
 def _compile(fn: Callable, args: tuple, options: dict) -> _Program:
     hits = _CACHE_HITS[0]
-    lowered = jax.jit(fn).lower(*args)
+    lowered = _lower(fn, args)
     try:
         compiled = lowered.compile(compiler_options=options or None)
     except jax.errors.JaxRuntimeError as err:

@@ -91,6 +91,23 @@ def test_vmapped_groups_the_accelerators_run_are_bitwise_across_chunk_sizes(monk
     assert_all_equal(runs)
 
 
+def test_instance_programs_multiply_float32_in_float32_unless_the_user_configured_otherwise():
+    """Traced at "highest" (JAX's default is TensorFloat-32 on recent NVIDIA GPUs); a user's
+    own ``jax_default_matmul_precision`` is kept."""
+    x = jnp.ones((4, 4), jnp.float32)
+    assert "precision = [HIGHEST, HIGHEST]" in mh.batch._lower(lambda a: a @ a, (x,)).as_text()
+    with jax.default_matmul_precision("tensorfloat32"):
+        assert "HIGHEST" not in mh.batch._lower(lambda a: a @ a, (x,)).as_text()
+
+
+def test_the_precision_the_engine_traces_at_changes_no_bit_on_cpu(monkeypatch):
+    runs = [flatten(small_simulation())]
+    mh.batch.clear_programs()
+    monkeypatch.setattr(mh.batch, "MATMUL_PRECISION", "default")
+    runs.append(flatten(small_simulation()))
+    assert_all_equal(runs)
+
+
 def test_default_cpu_width_groups_only_many_instances():
     cpu = jax.devices("cpu")
     assert mh.batch.default_vector_width(cpu, 4 * mh.batch.CPU_GROUP) == mh.batch.CPU_GROUP
