@@ -1,25 +1,54 @@
 #!/usr/bin/env bash
 # One command, under 10 minutes, for a machine with an NVIDIA GPU and JAX built with CUDA:
 #   bash benchmarks/gpu_check.sh
-# Prints the devices, then on the GPU: the engine-versus-baselines comparison
-# (benchmarks/compare.py, its ceiling the GPU's own float32 8192² product rate measured in
-# the same run), the throughput at the standard shape and at a large batch of 16384
-# instances (benchmarks/throughput.py; the group width fitted to the GPU's memory, the share
-# of the ceiling in every row), and seconds per recovered teacher against the per-teacher
-# scipy baseline (benchmarks/recovery_speed.py --small; the baseline runs on the host CPU).
-# Rows go under benchmarks/results/ (compare.csv, throughput.csv, recovery_speed.csv; they
-# carry the device kind). Install first, e.g.
+# Prints the devices, then on the GPU, each step under its own time limit (a step that fails
+# or runs out of time is reported and the next one runs; the exit status is non-zero if any
+# failed):
+#   1. the same instances on the GPU and on the host CPU (benchmarks/accelerator_agreement.py:
+#      float32 GD at JAX's default precision and at 'highest', float64 variable projection);
+#   2. the engine-versus-baselines comparison (benchmarks/compare.py, engine and jax_naive;
+#      the ceiling is the GPU's own float32 8192² product rate at precision 'highest',
+#      measured in the same run, with the TensorFloat-32 rate beside it);
+#   3. the throughput at the standard shape and at a large batch of 16384 instances
+#      (benchmarks/throughput.py, no instance sweep; the group width fitted to the GPU's
+#      memory; each row appended as it finishes);
+#   4. seconds per recovered teacher of variable projection against the per-teacher scipy
+#      baseline (benchmarks/recovery_speed.py --small; the baseline runs on the host CPU);
+#   5. where an instance's time goes, stage by stage (benchmarks/stages.py, 1024 instances).
+# Rows go under benchmarks/results/ (accelerator_agreement.csv, compare.csv, throughput.csv,
+# recovery_speed.csv, stages.csv; they carry the device kind). The limits add up to 9.5 min
+# (the steps took 82, 119, >130 and 82 s on an H200 on 2026-12-04, log in
+# benchmarks/results/gpu_check_h200.log). Install first, e.g.
 #   pip install -e ".[bench]" "jax[cuda12]"
-set -euo pipefail
+set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}
-"$PY" - <<'PYEOF'
+export PYTHONUNBUFFERED=1
+"$PY" - <<'PYEOF' || exit 1
 import jax
 gpus = [d for d in jax.devices() if d.platform == "gpu"]
 if not gpus:
     raise SystemExit(f"no GPU visible to JAX (devices: {jax.devices()}); install jax[cuda12]")
 print("GPU:", gpus[0].device_kind, "x", len(gpus), "| jax", jax.__version__)
 PYEOF
-timeout 240 "$PY" benchmarks/compare.py --steps 50
-timeout 180 "$PY" benchmarks/throughput.py --small --large 16384
-timeout 150 "$PY" benchmarks/recovery_speed.py --small
+failed=()
+step() {  # step SECONDS ARGS...: one benchmark under a time limit
+    local limit=$1
+    shift
+    echo
+    echo "=== $* (limit ${limit}s)"
+    local tic=$SECONDS
+    timeout "$limit" "$PY" "$@"
+    local rc=$?
+    echo "=== exit $rc after $((SECONDS - tic))s: $*"
+    [ "$rc" -eq 0 ] || failed+=("$* (exit $rc)")
+}
+step 100 benchmarks/accelerator_agreement.py
+step 150 benchmarks/compare.py --steps 50 --impls mhalearn jax_naive
+step 130 benchmarks/throughput.py --small --large 16384 --sweep
+step 110 benchmarks/recovery_speed.py --small --learners varpro
+step 80 benchmarks/stages.py
+if [ ${#failed[@]} -gt 0 ]; then
+    printf 'failed: %s\n' "${failed[@]}"
+    exit 1
+fi

@@ -339,7 +339,8 @@ def main() -> None:
                 wall, steady = (out[name][k] / out["varpro"][k] for k in ("wall_s", "steady_s"))
                 print(f"{name} ÷ varpro per teacher: wall {wall:.2f}×, steady {steady:.2f}×")
         rows += cell_rows
-    path = append_rows("recovery_speed", [{**machine(), **r} for r in rows])
+    context = {**machine(), "jax": jax.__version__, "device_kind": jax.devices()[0].device_kind}
+    path = append_rows("recovery_speed", [{**context, **r} for r in rows])
     print(f"\nrows appended to {path}")
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (
+    RESULTS,
     STANDARD,
     append_rows,
     ceiling_gflops,
@@ -59,6 +60,8 @@ def one(args) -> dict:
         "inst_steps_per_s": rate,
         "gflops": rate * flops / 1e9,
         "ceiling_gflops": ceiling,
+        # JAX's default precision: TensorFloat-32 products on NVIDIA GPUs (the engine's)
+        "ceiling_default_gflops": ceiling_gflops(precision="default"),
         "pct_of_ceiling": 100 * rate * flops / 1e9 / ceiling,
         "vector_width": res.attrs["vector_width"],
         "peak_rss_mb": peak_rss_mb(),
@@ -99,7 +102,7 @@ def main() -> None:
         type=int,
         nargs="*",
         default=None,
-        help="instance counts for the memory sweep (default 64 256 1024 4096)",
+        help="instance counts for the memory sweep (default 64 256 1024 4096; none: no sweep)",
     )
     p.add_argument(
         "--sweep-steps", type=int, default=None, help="GD steps in the sweep (default 10)"
@@ -117,9 +120,18 @@ def main() -> None:
     )
     sweep_steps = args.sweep_steps or (5 if args.small else 10)
     shape = {k: getattr(args, k) for k in SHAPE}
-    rows = [spawn(**shape, instances=args.instances, steps=steps, chunk_size=args.chunk_size)]
+    info = machine()
+
+    def run(kind: str, **config) -> dict:
+        """One configuration in a fresh subprocess; its row appended at once (a run cut short
+        keeps the rows it finished)."""
+        row = spawn(**shape, **config)
+        append_rows("throughput", [{**info, "kind": kind, **row}])
+        return row
+
+    rows = [run("standard", instances=args.instances, steps=steps, chunk_size=args.chunk_size)]
     if args.large:
-        rows.append(spawn(**shape, instances=args.large, steps=steps, chunk_size=args.large))
+        rows.append(run("large", instances=args.large, steps=steps, chunk_size=args.large))
     print("standard shape, full-batch GD:")
     cols = [
         "heads",
@@ -136,47 +148,19 @@ def main() -> None:
         "vector_width",
         "peak_rss_mb",
     ]
-    print(table(rows, cols))
+    print(table(rows, cols), flush=True)
     sweep_rows = [
-        spawn(**shape, instances=n, steps=sweep_steps, chunk_size=args.chunk_size) for n in sweep
+        run("sweep", instances=n, steps=sweep_steps, chunk_size=args.chunk_size) for n in sweep
     ]
-    base = sweep_rows[0]
-    for r in sweep_rows:
-        r["time_per_instance_ms"] = 1e3 * r["run_s"] / r["instances"]
-        r["rss_vs_smallest"] = r["peak_rss_mb"] / base["peak_rss_mb"]
-    print(f"\nsweep over instances (chunk {args.chunk_size}, {sweep_steps} steps):")
-    print(
-        table(
-            sweep_rows,
-            [
-                "instances",
-                "run_s",
-                "time_per_instance_ms",
-                "inst_steps_per_s",
-                "peak_rss_mb",
-                "rss_vs_smallest",
-            ],
-        )
-    )
-    info = machine()
-    path = append_rows(
-        "throughput",
-        [{**info, "kind": "standard", **rows[0]}]
-        + [{**info, "kind": "large", **r} for r in rows[1:]]
-        + [
-            {
-                **info,
-                "kind": "sweep",
-                **{
-                    k: v
-                    for k, v in r.items()
-                    if k not in ("time_per_instance_ms", "rss_vs_smallest")
-                },
-            }
-            for r in sweep_rows
-        ],
-    )
-    print(f"\n{info['cpu']}, {info['cores']} cores; rows appended to {path}")
+    if sweep_rows:
+        base = sweep_rows[0]
+        for r in sweep_rows:
+            r["time_per_instance_ms"] = 1e3 * r["run_s"] / r["instances"]
+            r["rss_vs_smallest"] = r["peak_rss_mb"] / base["peak_rss_mb"]
+        print(f"\nsweep over instances (chunk {args.chunk_size}, {sweep_steps} steps):")
+        cols = ["instances", "run_s", "time_per_instance_ms", "inst_steps_per_s", "peak_rss_mb"]
+        print(table(sweep_rows, [*cols, "rss_vs_smallest"]))
+    print(f"\n{info['cpu']}, {info['cores']} cores; rows appended to {RESULTS / 'throughput.csv'}")
 
 
 if __name__ == "__main__":
