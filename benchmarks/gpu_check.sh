@@ -14,10 +14,13 @@
 #      memory; each row appended as it finishes);
 #   4. seconds per recovered teacher of variable projection against the per-teacher scipy
 #      baseline (benchmarks/recovery_speed.py --small; the baseline runs on the host CPU);
-#   5. where an instance's time goes, stage by stage (benchmarks/stages.py, 1024 instances).
+#   5. where an instance's time goes, stage by stage (benchmarks/stages.py, 1024 instances),
+#      and the small linear-algebra calls of drawing and scoring beside candidate
+#      replacements (benchmarks/linalg_ops.py, 4096 instances).
 # Rows go under benchmarks/results/ (accelerator_agreement.csv, compare.csv, throughput.csv,
-# recovery_speed.csv, stages.csv; they carry the device kind). The limits add up to 9.5 min
-# (the steps took 82, 119, >130 and 82 s on an H200 on 2026-12-04, log in
+# recovery_speed.csv, stages.csv, linalg_ops.csv; they carry the device kind). The limits add
+# up to 9 min; on an H200 on 2026-12-04 the first four steps took 82 s (without --small),
+# 119 s, over 130 s (with the instance sweep) and 82 s (log in
 # benchmarks/results/gpu_check_h200.log). Install first, e.g.
 #   pip install -e ".[bench]" "jax[cuda12]"
 set -uo pipefail
@@ -43,11 +46,12 @@ step() {  # step SECONDS ARGS...: one benchmark under a time limit
     echo "=== exit $rc after $((SECONDS - tic))s: $*"
     [ "$rc" -eq 0 ] || failed+=("$* (exit $rc)")
 }
-step 100 benchmarks/accelerator_agreement.py
-step 150 benchmarks/compare.py --steps 50 --impls mhalearn jax_naive
-step 130 benchmarks/throughput.py --small --large 16384 --sweep
-step 110 benchmarks/recovery_speed.py --small --learners varpro
-step 80 benchmarks/stages.py
+step 70 benchmarks/accelerator_agreement.py --small
+step 140 benchmarks/compare.py --steps 50 --impls mhalearn jax_naive
+step 120 benchmarks/throughput.py --small --large 16384 --sweep
+step 100 benchmarks/recovery_speed.py --small --learners varpro
+step 60 benchmarks/stages.py
+step 50 benchmarks/linalg_ops.py
 if [ ${#failed[@]} -gt 0 ]; then
     printf 'failed: %s\n' "${failed[@]}"
     exit 1
