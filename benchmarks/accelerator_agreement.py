@@ -1,5 +1,4 @@
-"""The same instances on the accelerator and on the host CPU, side by side: how far apart the
-results are.
+"""The same instances on the accelerator and on the host CPU: how far apart the results are.
 
     python benchmarks/accelerator_agreement.py            # on a machine with a GPU or TPU
     python benchmarks/accelerator_agreement.py --small    # fewer instances and steps

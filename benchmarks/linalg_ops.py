@@ -1,6 +1,7 @@
-"""The small linear-algebra calls of drawing and scoring an instance, each vmapped over many
-instances on the default device, beside formulations that use only products and k × k
-factorisations (k = heads).
+"""The small linear-algebra calls of drawing and scoring, timed beside k × k Gram forms.
+
+Each call is vmapped over many instances on the default device, beside a formulation that
+uses only products and k × k factorisations (k = heads) where there is one.
 
     python benchmarks/linalg_ops.py                       # heads 4, dim 16, 4096 instances
     python benchmarks/linalg_ops.py --heads 2 --dim 8 --instances 1024
