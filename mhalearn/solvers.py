@@ -1,9 +1,11 @@
-"""Two small numerical solvers shared across layers, written once.
+"""Small numerical solvers shared across layers, written once.
 
 - :func:`ridge_solve`: the ridge-regularised normal equations, by Cholesky — the least-squares
   values of variable projection, the baselines and the pipeline's ΣW refits.
 - :func:`box_qp`: a concave quadratic maximised over a box by accelerated projected gradient
   (FISTA) — the SVM dual of the NTK margin and the dual of the pipeline's min-norm point.
+- :func:`largest_eigenvalue`: of a symmetric matrix, one matrix after another under ``vmap``
+  — the step size of those duals.
 
 Both are matrix-free or O(p³) in a small p, pure and ``vmap``-able. An interior-point QP
 (qpax) factors a dense KKT system of the constraint count (up to ~10³ here) at every
@@ -51,3 +53,26 @@ def box_qp(
     start = (lam0, lam0, jnp.asarray(1.0, linear.dtype))
     (lam, _, _), _ = jax.lax.scan(body, start, None, iterations)
     return lam
+
+
+@jax.custom_batching.custom_vmap
+def largest_eigenvalue(a: Float[Array, "p p"]) -> Float[Array, ""]:
+    """The largest eigenvalue of the symmetric matrix ``a`` (LAPACK's ``syevd`` on CPU).
+
+    Under ``vmap`` the matrices are taken one after another (``lax.map`` of this unbatched
+    function), never as one batched call: jaxlib's batched LAPACK kernels split the batch over
+    XLA:CPU's intra-op thread pool and wait for the pieces from a thread of that pool, so two
+    instance programs on two CPU devices of a two-core machine, each inside such a call, held
+    both threads and waited for good (seen with the pipeline's min-norm points of random
+    sub-polyhedra, vmapped, jax 0.10.2). Each matrix goes through the same routine as in the
+    batched call, so the values are the same."""
+    return jnp.linalg.eigvalsh(a)[-1]
+
+
+@largest_eigenvalue.def_vmap
+def _largest_eigenvalue_vmap(axis_size, in_batched, a):
+    del axis_size
+    (batched,) = in_batched
+    if not batched:
+        return largest_eigenvalue(a), False
+    return jax.lax.map(largest_eigenvalue, a), True

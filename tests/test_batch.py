@@ -179,6 +179,48 @@ def test_wide_groups_on_two_cpu_devices_finish():
     assert "finished True" in proc.stdout
 
 
+EIGENVALUES_UNDER_VMAP = """
+import jax, jax.numpy as jnp, numpy as np, mhalearn as mh
+mh.split_cpu(2)
+from mhalearn.solvers import largest_eigenvalue
+
+def fn(key, _, __):  # the pipeline's min-norm points of sub-polyhedra: 128 × 128 Gram matrices
+    a = jax.random.normal(key, (40, 128, 128))
+    a = a @ jnp.swapaxes(a, 1, 2)
+    body = lambda c, x: (c + jax.vmap(largest_eigenvalue)(x).sum(), None)
+    return jax.lax.scan(body, 0.0, a.reshape(10, 4, 128, 128))[0]
+
+print("finished", np.isfinite(mh.map_instances(fn, jax.random.key(0), 8)).all())
+"""
+
+
+def test_vmapped_eigenvalues_on_two_cpu_devices_finish():
+    """With ``jnp.linalg.eigvalsh`` vmapped in its place, this program hung for good on two CPU
+    devices (the pipeline's span phase did, at heads 2, N 1000: both intra-op threads in
+    ``lapack_ssyevd_ffi``'s batch split, each waiting for the other's pieces)."""
+    proc = subprocess.run(
+        [sys.executable, "-c", EIGENVALUES_UNDER_VMAP],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "finished True" in proc.stdout
+
+
+def test_largest_eigenvalue_vmapped_is_the_batched_call_bit_for_bit():
+    from mhalearn.solvers import largest_eigenvalue
+
+    a = jax.random.normal(jax.random.key(0), (2, 5, 6, 6))
+    a = a @ jnp.swapaxes(a, -1, -2)
+    ours = jax.jit(jax.vmap(jax.vmap(largest_eigenvalue)))(a)
+    np.testing.assert_array_equal(ours, jnp.linalg.eigvalsh(a)[..., -1])
+    np.testing.assert_array_equal(largest_eigenvalue(a[0, 0]), jnp.linalg.eigvalsh(a[0, 0])[-1])
+    text = jax.jit(jax.vmap(largest_eigenvalue)).lower(a[0]).as_text()
+    assert 'num_batch_dims = "0"' in text  # one matrix per LAPACK call
+
+
 COMPILED_ONCE = """
 import sys, jax, numpy as np, mhalearn as mh
 mh.set_precision("float64")
