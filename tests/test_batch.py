@@ -164,21 +164,6 @@ print("finished", np.isfinite(res.metrics["success"]).all())
 """
 
 
-def test_wide_groups_on_two_cpu_devices_finish():
-    """Vmapped, these groups hung for good on two CPU devices (both threads of the intra-op
-    pool waiting in a batched LAPACK call for pieces queued to that pool); looped, they
-    finish."""
-    proc = subprocess.run(
-        [sys.executable, "-c", HUNG_BEFORE],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert "finished True" in proc.stdout
-
-
 EIGENVALUES_UNDER_VMAP = """
 import jax, jax.numpy as jnp, numpy as np, mhalearn as mh
 mh.split_cpu(2)
@@ -194,16 +179,19 @@ print("finished", np.isfinite(mh.map_instances(fn, jax.random.key(0), 8)).all())
 """
 
 
-def test_vmapped_eigenvalues_on_two_cpu_devices_finish():
-    """With ``jnp.linalg.eigvalsh`` vmapped in its place, this program hung for good on two CPU
-    devices (the pipeline's span phase did, at heads 2, N 1000: both intra-op threads in
-    ``lapack_ssyevd_ffi``'s batch split, each waiting for the other's pieces)."""
+@pytest.mark.parametrize(
+    "program",
+    [HUNG_BEFORE, EIGENVALUES_UNDER_VMAP],
+    ids=["vmapped-groups", "vmapped-eigenvalues"],
+)
+def test_programs_that_hung_two_cpu_devices_finish(program):
+    """Each hung for good on two CPU devices, both threads of XLA:CPU's intra-op pool waiting
+    in a batched LAPACK call for pieces queued to that pool: groups of variable projection,
+    when they were vmapped (now a loop), and eigenvalues vmapped through ``jnp.linalg.eigvalsh``
+    where ``largest_eigenvalue`` now stands (the pipeline's span phase hung so at heads 2,
+    N 1000, in ``lapack_ssyevd_ffi``'s batch split)."""
     proc = subprocess.run(
-        [sys.executable, "-c", EIGENVALUES_UNDER_VMAP],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=180,
+        [sys.executable, "-c", program], cwd=ROOT, capture_output=True, text=True, timeout=240
     )
     assert proc.returncode == 0, proc.stderr
     assert "finished True" in proc.stdout
