@@ -7,7 +7,7 @@
 - :func:`largest_eigenvalue`: of a symmetric matrix, one matrix after another under ``vmap``
   — the step size of those duals.
 
-Both are matrix-free or O(p³) in a small p, pure and ``vmap``-able. An interior-point QP
+All are matrix-free or O(p³) in a small p, pure and ``vmap``-able. An interior-point QP
 (qpax) factors a dense KKT system of the constraint count (up to ~10³ here) at every
 iteration; the duals here need only products with the constraint matrix.
 """
