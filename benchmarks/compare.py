@@ -252,11 +252,16 @@ def main() -> None:
         print("PyTorch not installed: torch rows skipped (pip install -e '.[bench]')")
     devices = len(jax.devices())
     ceiling = ceiling_gflops()
-    tf32 = ceiling_gflops(precision="default") if jax.devices()[0].platform == "gpu" else None
+    platform = jax.devices()[0].platform
     print(
         f"ceiling: {ceiling:.0f} GFLOP/s (float32 matmul at precision 'highest', "
-        f"{'2048' if jax.devices()[0].platform == 'cpu' else '8192'}², jax {jax.__version__})"
-        + (f"; at JAX's default precision (TensorFloat-32): {tf32:.0f} GFLOP/s" if tf32 else "")
+        f"{2048 if platform == 'cpu' else 8192}², jax {jax.__version__})"
+        + (
+            f"; at JAX's default precision (TensorFloat-32): "
+            f"{ceiling_gflops(precision='default'):.0f} GFLOP/s"
+            if platform == "gpu"
+            else ""
+        )
     )
     print(f"devices: {devices} × {jax.devices()[0].device_kind} (CPU split {cpu_devices})")
     options = {} if args.xla_defaults else None  # {}: XLA's defaults; None: the engine's

@@ -4,8 +4,8 @@
   values of variable projection, the baselines and the pipeline's ΣW refits.
 - :func:`box_qp`: a concave quadratic maximised over a box by accelerated projected gradient
   (FISTA) — the SVM dual of the NTK margin and the dual of the pipeline's min-norm point.
-- :func:`largest_eigenvalue`: of a symmetric matrix, one matrix after another under ``vmap``
-  — the step size of those duals.
+- :func:`eigenvalues`: of a symmetric matrix, one matrix after another under ``vmap`` — the
+  step size of those duals and the pipeline's test that its ΣW refits are determined.
 
 All are matrix-free or O(p³) in a small p, pure and ``vmap``-able. An interior-point QP
 (qpax) factors a dense KKT system of the constraint count (up to ~10³ here) at every
@@ -56,8 +56,8 @@ def box_qp(
 
 
 @jax.custom_batching.custom_vmap
-def largest_eigenvalue(a: Float[Array, "p p"]) -> Float[Array, ""]:
-    """The largest eigenvalue of the symmetric matrix ``a`` (LAPACK's ``syevd`` on CPU).
+def eigenvalues(a: Float[Array, "p p"]) -> Float[Array, " p"]:
+    """The eigenvalues of the symmetric matrix ``a``, ascending (LAPACK's ``syevd`` on CPU).
 
     Under ``vmap`` the matrices are taken one after another (``lax.map`` of this unbatched
     function), never as one batched call: jaxlib's batched LAPACK kernels split the batch over
@@ -66,13 +66,13 @@ def largest_eigenvalue(a: Float[Array, "p p"]) -> Float[Array, ""]:
     both threads and waited for good (seen with the pipeline's min-norm points of random
     sub-polyhedra, vmapped, jax 0.10.2). Each matrix goes through the same routine as in the
     batched call, so the values are the same."""
-    return jnp.linalg.eigvalsh(a)[-1]
+    return jnp.linalg.eigvalsh(a)
 
 
-@largest_eigenvalue.def_vmap
-def _largest_eigenvalue_vmap(axis_size, in_batched, a):
+@eigenvalues.def_vmap
+def _eigenvalues_vmap(axis_size, in_batched, a):
     del axis_size
     (batched,) = in_batched
     if not batched:
-        return largest_eigenvalue(a), False
-    return jax.lax.map(largest_eigenvalue, a), True
+        return eigenvalues(a), False
+    return jax.lax.map(eigenvalues, a), True

@@ -167,12 +167,12 @@ print("finished", np.isfinite(res.metrics["success"]).all())
 EIGENVALUES_UNDER_VMAP = """
 import jax, jax.numpy as jnp, numpy as np, mhalearn as mh
 mh.split_cpu(2)
-from mhalearn.solvers import largest_eigenvalue
+from mhalearn.solvers import eigenvalues
 
 def fn(key, _, __):  # the pipeline's min-norm points of sub-polyhedra: 128 × 128 Gram matrices
     a = jax.random.normal(key, (40, 128, 128))
     a = a @ jnp.swapaxes(a, 1, 2)
-    body = lambda c, x: (c + jax.vmap(largest_eigenvalue)(x).sum(), None)
+    body = lambda c, x: (c + jax.vmap(eigenvalues)(x)[:, -1].sum(), None)
     return jax.lax.scan(body, 0.0, a.reshape(10, 4, 128, 128))[0]
 
 print("finished", np.isfinite(mh.map_instances(fn, jax.random.key(0), 8)).all())
@@ -188,7 +188,7 @@ def test_programs_that_hung_two_cpu_devices_finish(program):
     """Each hung for good on two CPU devices, both threads of XLA:CPU's intra-op pool waiting
     in a batched LAPACK call for pieces queued to that pool: groups of variable projection,
     when they were vmapped (now a loop), and eigenvalues vmapped through ``jnp.linalg.eigvalsh``
-    where ``largest_eigenvalue`` now stands (the pipeline's span phase hung so at heads 2,
+    where ``mhalearn.solvers.eigenvalues`` now stands (the pipeline's span phase hung so at heads 2,
     N 1000, in ``lapack_ssyevd_ffi``'s batch split)."""
     proc = subprocess.run(
         [sys.executable, "-c", program], cwd=ROOT, capture_output=True, text=True, timeout=240
@@ -197,15 +197,15 @@ def test_programs_that_hung_two_cpu_devices_finish(program):
     assert "finished True" in proc.stdout
 
 
-def test_largest_eigenvalue_vmapped_is_the_batched_call_bit_for_bit():
-    from mhalearn.solvers import largest_eigenvalue
+def test_eigenvalues_vmapped_are_the_batched_call_bit_for_bit():
+    from mhalearn.solvers import eigenvalues
 
     a = jax.random.normal(jax.random.key(0), (2, 5, 6, 6))
     a = a @ jnp.swapaxes(a, -1, -2)
-    ours = jax.jit(jax.vmap(jax.vmap(largest_eigenvalue)))(a)
-    np.testing.assert_array_equal(ours, jnp.linalg.eigvalsh(a)[..., -1])
-    np.testing.assert_array_equal(largest_eigenvalue(a[0, 0]), jnp.linalg.eigvalsh(a[0, 0])[-1])
-    text = jax.jit(jax.vmap(largest_eigenvalue)).lower(a[0]).as_text()
+    ours = jax.jit(jax.vmap(jax.vmap(eigenvalues)))(a)
+    np.testing.assert_array_equal(ours, jnp.linalg.eigvalsh(a))
+    np.testing.assert_array_equal(eigenvalues(a[0, 0]), jnp.linalg.eigvalsh(a[0, 0]))
+    text = jax.jit(jax.vmap(eigenvalues)).lower(a[0]).as_text()
     assert 'num_batch_dims = "0"' in text  # one matrix per LAPACK call
 
 

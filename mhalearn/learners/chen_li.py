@@ -52,7 +52,7 @@ from mhalearn.learners.registry import register_learner
 from mhalearn.learners.varpro import STALL_PATIENCE, VarProConfig, levenberg_marquardt
 from mhalearn.params import LayerParams
 from mhalearn.problems import GivenStart, RegressionProblem
-from mhalearn.solvers import box_qp, largest_eigenvalue, ridge_solve
+from mhalearn.solvers import box_qp, eigenvalues, ridge_solve
 
 #: what follows the search inside the span (:func:`search_in_span`)
 MODES = ("polished", "pure")
@@ -289,7 +289,7 @@ def refine_sum_w(
         rows = (keep[..., None] * xb).reshape(-1, xb.shape[-1])  # (n·a, dim), 0 if not kept
         gram = rows.T @ xb.reshape(rows.shape)  # two plain products: ~4× faster than the
         rhs = rows.T @ Y.reshape(rows.shape)  # einsum over (n, a) at N = 10⁵
-        determined = jnp.linalg.eigvalsh(gram)[0] > DETERMINED * jnp.trace(gram) / S.shape[0]
+        determined = eigenvalues(gram)[0] > DETERMINED * jnp.trace(gram) / S.shape[0]
         S = jnp.where(determined, ridge_solve(gram, rhs, 1e-9), S)
         return S, S
 
@@ -405,7 +405,7 @@ def _dual(G, valid, linear, iterations):
     # ‖G̃‖₂² from the small Gram matrix (a spectral norm of the tall G̃ itself goes through an
     # SVD whose memory grows with the square of the number of constraints)
     small = G.T @ G if G.shape[0] >= G.shape[1] else G @ G.T
-    step = 1.0 / jnp.maximum(largest_eigenvalue(small), jnp.finfo(G.dtype).tiny)
+    step = 1.0 / jnp.maximum(eigenvalues(small)[-1], jnp.finfo(G.dtype).tiny)
     return box_qp(lambda z: G @ (G.T @ z), linear, step, iterations), G
 
 
