@@ -1,17 +1,23 @@
 """Where the time of a tiny problem goes: the fused GD kernel alone, vs samples and vmap width.
 
     python benchmarks/kernel_scaling.py
+    python benchmarks/kernel_scaling.py --products   # the two forms of the score products
 
 One CPU device, float32, heads 2, dim 8, tokens 4 (the recovery studies' shape): 300 steps of
 full-batch GD through ``mhalearn.layer.squared_loss_and_grad`` in one ``fori_loop``, compiled
 with the engine's options. Prints µs per step at 32 … 1024 samples (a fixed per-call cost
 would show as an intercept; a compute-bound kernel is linear in the samples) and µs per
 instance-step for groups of 1 … 16 instances vmapped at 256 samples (whether carrying
-instances together pays). Best of 5 runs; appends rows to benchmarks/results/kernel_scaling.csv.
+instances together pays). ``--products`` instead times both forms of the per-sample score
+products (``products="batched"`` and ``"broadcast"``, :mod:`mhalearn.layer`) at shapes on both
+sides of ``BROADCAST_MAX``, and which one ``"auto"`` takes. Best of 5 runs; appends rows to
+benchmarks/results/kernel_scaling.csv.
 """
 
 from __future__ import annotations
 
+import argparse
+import functools
 import sys
 import time
 from pathlib import Path
@@ -23,29 +29,44 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import LR, append_rows, layer_flops_per_step, machine
 
 from mhalearn.batch import compiler_options
-from mhalearn.layer import squared_loss_and_grad
+from mhalearn.layer import _broadcast, squared_loss_and_grad
 
 HEADS, DIM, TOKENS, STEPS = 2, 8, 4, 300
+#: --products: (heads, dim, tokens, samples) on both sides of BROADCAST_MAX
+PRODUCT_SHAPES = [
+    (2, 8, 4, 32),
+    (2, 8, 4, 256),
+    (4, 8, 4, 256),
+    (2, 8, 8, 256),
+    (3, 8, 4, 2000),
+    (2, 8, 16, 256),
+    (2, 16, 4, 256),
+    (4, 16, 8, 512),
+]
 
 
-def fit(theta, W, X, Y):
+def fit(theta, W, X, Y, products="auto"):
     def step(_, params):
-        _, grads = squared_loss_and_grad(X, Y, *params)
+        _, grads = squared_loss_and_grad(X, Y, *params, products=products)
         return jax.tree.map(lambda p, g: p - LR * g, params, grads)
 
     return jax.lax.fori_loop(0, STEPS, step, (theta, W))
 
 
-def seconds_per_step(samples: int, width: int) -> float:
+def seconds_per_step(
+    samples: int, width: int, shape=(HEADS, DIM, TOKENS), products: str = "auto"
+) -> float:
+    heads, dim, tokens = shape
     rng = np.random.default_rng(0)
-    X = rng.choice([-1.0, 1.0], (width, samples, TOKENS, DIM)).astype(np.float32)
-    Y = rng.normal(size=(width, samples, TOKENS, DIM)).astype(np.float32)
-    theta = (rng.normal(size=(width, HEADS, DIM, DIM)) / DIM).astype(np.float32)
-    W = (rng.normal(size=(width, HEADS, DIM, DIM)) / np.sqrt(DIM)).astype(np.float32)
+    X = rng.choice([-1.0, 1.0], (width, samples, tokens, dim)).astype(np.float32)
+    Y = rng.normal(size=(width, samples, tokens, dim)).astype(np.float32)
+    theta = (rng.normal(size=(width, heads, dim, dim)) / dim).astype(np.float32)
+    W = (rng.normal(size=(width, heads, dim, dim)) / np.sqrt(dim)).astype(np.float32)
     args = (theta, W, X, Y)
     if width == 1:
         args = tuple(a[0] for a in args)
-    program = fit if width == 1 else jax.vmap(fit)
+    one = functools.partial(fit, products=products)
+    program = one if width == 1 else jax.vmap(one)
     compiled = jax.jit(program).lower(*args).compile(compiler_options(jax.devices()))
     jax.block_until_ready(compiled(*args))
     best = np.inf
@@ -56,7 +77,35 @@ def seconds_per_step(samples: int, width: int) -> float:
     return best / STEPS
 
 
+def compare_products() -> None:
+    """Both forms of the score products, µs per GD step, and the form ``"auto"`` takes."""
+    rows = []
+    print(f"µs per GD step (float32, one CPU device, {STEPS} steps, best of 5)")
+    print("(heads, dim, tokens, samples) | batched | broadcast | broadcast / batched | auto")
+    for heads, dim, tokens, samples in PRODUCT_SHAPES:
+        us = {
+            form: 1e6 * seconds_per_step(samples, 1, (heads, dim, tokens), form)
+            for form in ("batched", "broadcast")
+        }
+        auto = "broadcast" if _broadcast("auto", tokens, dim) else "batched"
+        ratio = us["broadcast"] / us["batched"]
+        print(
+            f"({heads}, {dim}, {tokens}, {samples}) | {us['batched']:.1f} | "
+            f"{us['broadcast']:.1f} | {ratio:.2f} | {auto}"
+        )
+        shape = {"heads": heads, "dim": dim, "tokens": tokens, "samples": samples, "width": 1}
+        rows += [{**shape, "products": form, "us_per_inst_step": us[form]} for form in us]
+    context = {**machine(), "jax": jax.__version__}
+    path = append_rows("kernel_scaling", [{**r, **context} for r in rows])
+    print(f"rows appended to {path}")
+
+
 def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--products", action="store_true", help="compare the score products' forms")
+    if p.parse_args().products:
+        compare_products()
+        return
     rows = []
     print(f"heads {HEADS}, dim {DIM}, tokens {TOKENS}, float32, one CPU device, {STEPS} steps")
     for samples in (32, 64, 128, 256, 512, 1024):

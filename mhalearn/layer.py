@@ -13,7 +13,13 @@ in the form that XLA:CPU runs fastest, measured with ``benchmarks/compare.py``:
 - the gradient is derived by hand (below), so the backward pass materialises nothing it only
   reduces, its weight gradients are plain matrix products, and the one row sum of the softmax
   backward is a product with a vector of ones (XLA:CPU fused a plain reduction into the
-  surrounding matrix products, which ran slower).
+  surrounding matrix products, which ran slower);
+- at small sequences (dim and tokens at most :data:`BROADCAST_MAX`, the recovery studies' and
+  phase diagrams' dim 8, tokens 4) the two per-sample products that give scores, ``Q Xᵀ`` and
+  ``dΦ Xᵀ``, are written as broadcast products summed over dim, which XLA:CPU fuses into one
+  loop instead of calling a batched matrix product on 4 × 8 blocks: about a fifth less time
+  per GD step there, and slower at dim 16 (``python benchmarks/kernel_scaling.py --products``).
+  ``products`` forces either form; they agree to rounding (tested against the reference).
 
 Notation, per sample n and head h: ``Q_h = X Θ_h``, ``A_h = softmax(Q_h Xᵀ)``,
 ``Φ_h = A_h X``, ``F = Σ_h Φ_h W_h``, loss ``L = mean((F − Y)²)`` over every entry, so
@@ -24,40 +30,82 @@ Notation, per sample n and head h: ``Q_h = X Θ_h``, ``A_h = softmax(Q_h Xᵀ)``
 
 from __future__ import annotations
 
+from typing import Literal
+
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
-from mhalearn._validate import arrays, check_shapes
+from mhalearn._validate import arrays, check_shapes, choice
 from mhalearn.losses import mean_square
+
+#: the largest dim and tokens at which ``products="auto"`` takes the broadcast form
+BROADCAST_MAX = 8
+
+Products = Literal["auto", "batched", "broadcast"]
+
+
+def _broadcast(products: Products, tokens: int, dim: int) -> bool:
+    """Whether the per-sample score products take the broadcast form (see the module)."""
+    choice("products", products, ("auto", "batched", "broadcast"))
+    if products == "auto":
+        return max(tokens, dim) <= BROADCAST_MAX
+    return products == "broadcast"
+
+
+def _scores(
+    rows: Float[Array, "n q dim"], X: Float[Array, "n tokens dim"], broadcast: bool
+) -> Float[Array, "n q tokens"]:
+    """``rows Xᵀ`` for every sample: a batched matrix product, or a broadcast product summed
+    over dim."""
+    if broadcast:
+        return jnp.sum(rows[:, :, None, :] * X[:, None, :, :], axis=-1)
+    return jnp.einsum("nqe,nse->nqs", rows, X)
 
 
 def _features(
-    X: Float[Array, "n tokens dim"], theta: Float[Array, "heads dim dim"]
+    X: Float[Array, "n tokens dim"], theta: Float[Array, "heads dim dim"], broadcast: bool
 ) -> tuple[Float[Array, "n tokens*heads tokens"], Float[Array, "n tokens*heads dim"]]:
     """Attention ``A`` and per-head features ``Φ = A X``, rows ordered (token, head)."""
     n, T, d = X.shape
     m = theta.shape[0]
     Q = X.reshape(n * T, d) @ theta.transpose(1, 0, 2).reshape(d, m * d)
-    scores = jnp.einsum("nqe,nse->nqs", Q.reshape(n, T * m, d), X)
-    A = jax.nn.softmax(scores, axis=-1)
+    A = jax.nn.softmax(_scores(Q.reshape(n, T * m, d), X, broadcast), axis=-1)
     return A, jnp.einsum("nqs,nse->nqe", A, X)
+
+
+def design(
+    X: Float[Array, "n tokens dim"],
+    theta: Float[Array, "heads dim dim"],
+    *,
+    products: Products = "auto",
+) -> Float[Array, "n*tokens heads*dim"]:
+    """The layer's features, one row per (sample, token), one column per (head, feature):
+    Z[(n,t), (i,a)] = (A_i(X_n) X_n)[t, a], so that the layer's outputs are Z·[W_1; …; W_m]
+    — the design of the values' least squares (:mod:`mhalearn.learners.linear`)."""
+    X, theta = arrays(X=X, theta=theta)
+    check_shapes(("X", X, "n tokens dim"), ("theta", theta, "heads dim dim"))
+    n, T, d = X.shape
+    _, Phi = _features(X, theta, _broadcast(products, T, d))
+    return Phi.reshape(n * T, theta.shape[0] * d)
 
 
 def layer_outputs(
     X: Float[Array, "n tokens dim"],
     theta: Float[Array, "heads dim dim"],
     W: Float[Array, "heads dim dim"],
+    *,
+    products: Products = "auto",
 ) -> Float[Array, "n tokens dim"]:
-    """``mha`` applied to each of ``n`` sequences (equal to ``jax.vmap(mha)``)."""
+    """``mha`` applied to each of ``n`` sequences (equal to ``jax.vmap(mha)``); ``products``:
+    the form of the per-sample score products (see the module)."""
     X, theta, W = arrays(X=X, theta=theta, W=W)
     check_shapes(
         ("X", X, "n tokens dim"), ("theta", theta, "heads dim dim"), ("W", W, "heads dim dim")
     )
     n, T, d = X.shape
-    m = theta.shape[0]
-    _, Phi = _features(X, theta)
-    return (Phi.reshape(n * T, m * d) @ W.reshape(m * d, d)).reshape(n, T, d)
+    Z = design(X, theta, products=products)
+    return (Z @ W.reshape(-1, d)).reshape(n, T, d)
 
 
 def squared_loss_and_grad(
@@ -65,9 +113,12 @@ def squared_loss_and_grad(
     Y: Float[Array, "n tokens dim"],
     theta: Float[Array, "heads dim dim"],
     W: Float[Array, "heads dim dim"],
+    *,
+    products: Products = "auto",
 ) -> tuple[Float[Array, ""], tuple[Float[Array, "heads dim dim"], Float[Array, "heads dim dim"]]]:
     """``mean((layer(X) − Y)²)`` and its gradient with respect to ``(theta, W)``: equal to
-    ``jax.value_and_grad`` of the reference loss, in one forward and one backward pass."""
+    ``jax.value_and_grad`` of the reference loss, in one forward and one backward pass;
+    ``products``: the form of the per-sample score products (see the module)."""
     X, Y, theta, W = arrays(X=X, Y=Y, theta=theta, W=W)
     check_shapes(
         ("X", X, "n tokens dim"),
@@ -79,14 +130,15 @@ def squared_loss_and_grad(
     m = theta.shape[0]
     rows = X.reshape(n * T, d)
     Wf = W.reshape(m * d, d)
-    A, Phi = _features(X, theta)
+    broadcast = _broadcast(products, T, d)
+    A, Phi = _features(X, theta, broadcast)
     Phi_rows = Phi.reshape(n * T, m * d)
     R = Phi_rows @ Wf - Y.reshape(n * T, d)  # residual, (n·T, d)
     scale = 1.0 / (n * T * d)
     loss = mean_square(R)
     dW = (R.T @ Phi_rows).reshape(d, m, d).transpose(1, 2, 0)  # (f, h, e) -> (h, e, f)
     dPhi = (R @ Wf.T).reshape(n, T * m, d)
-    P = A * jnp.einsum("nqe,nse->nqs", dPhi, X)  # A ⊙ dA
+    P = A * _scores(dPhi, X, broadcast)  # A ⊙ dA
     c = jnp.einsum("nqs,s->nq", P, jnp.ones(T, X.dtype))  # row sums, as a product
     dQ = jnp.einsum("nqs,nse->nqe", P, X) - c[..., None] * Phi
     dtheta = (rows.T @ dQ.reshape(n * T, m * d)).reshape(d, m, d).transpose(1, 0, 2)

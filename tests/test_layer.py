@@ -1,6 +1,9 @@
 """The optimised whole-training-set kernels (mhalearn.layer) equal the reference kernels:
 ``kernels.mha`` mapped over samples and differentiated by ``jax.value_and_grad``, and the
-float64 loop reference; values and gradients, float32 and float64."""
+float64 loop reference; values and gradients, float32 and float64, with the per-sample score
+products in either form."""
+
+import functools
 
 import equinox as eqx
 import jax
@@ -14,6 +17,7 @@ from tests import reference as ref
 
 # (samples, heads, tokens, dim): odd and mutually distinct so a transposed axis cannot pass.
 SIZES = [(5, 3, 4, 7), (2, 1, 2, 3), (3, 4, 3, 5), (4, 2, 7, 3), (1, 5, 1, 4)]
+PRODUCTS = pytest.mark.parametrize("products", ["batched", "broadcast"])
 
 
 def draw(rng, n, heads, tokens, dim, dtype=np.float64, scale=0.5):
@@ -30,19 +34,23 @@ def reference_loss(X, Y, theta, W):
     return jnp.mean((pred - Y) ** 2)
 
 
+@PRODUCTS
 @pytest.mark.parametrize("n,heads,tokens,dim", SIZES)
-def test_outputs_and_loss_match_loop_reference_float64(rng, n, heads, tokens, dim):
+def test_outputs_and_loss_match_loop_reference_float64(rng, n, heads, tokens, dim, products):
     X, Y, theta, W = draw(rng, n, heads, tokens, dim)
     loop = np.stack([ref.mha(x, theta, W) for x in X])
-    np.testing.assert_allclose(layer_outputs(X, theta, W), loop, rtol=0, atol=1e-12)
-    loss, _ = squared_loss_and_grad(X, Y, theta, W)
+    out = layer_outputs(X, theta, W, products=products)
+    np.testing.assert_allclose(out, loop, rtol=0, atol=1e-12)
+    loss, _ = squared_loss_and_grad(X, Y, theta, W, products=products)
     np.testing.assert_allclose(loss, np.mean((loop - np.asarray(Y)) ** 2), rtol=1e-12)
 
 
+@PRODUCTS
 @pytest.mark.parametrize("n,heads,tokens,dim", SIZES)
-def test_value_and_grad_equal_autodiff_of_reference_float64(rng, n, heads, tokens, dim):
+def test_value_and_grad_equal_autodiff_of_reference_float64(rng, n, heads, tokens, dim, products):
     X, Y, theta, W = draw(rng, n, heads, tokens, dim)
-    loss, (g_theta, g_W) = jax.jit(squared_loss_and_grad)(X, Y, theta, W)
+    fn = jax.jit(functools.partial(squared_loss_and_grad, products=products))
+    loss, (g_theta, g_W) = fn(X, Y, theta, W)
     ref_loss, (r_theta, r_W) = jax.value_and_grad(reference_loss, argnums=(2, 3))(X, Y, theta, W)
     assert g_theta.dtype == g_W.dtype == jnp.float64
     np.testing.assert_allclose(loss, ref_loss, rtol=1e-12)
@@ -50,30 +58,33 @@ def test_value_and_grad_equal_autodiff_of_reference_float64(rng, n, heads, token
     np.testing.assert_allclose(g_W, r_W, rtol=1e-10, atol=1e-13)
 
 
+@PRODUCTS
 @pytest.mark.parametrize("n,heads,tokens,dim", SIZES)
-def test_float32_within_float32_tolerance_of_float64(rng, n, heads, tokens, dim):
+def test_float32_within_float32_tolerance_of_float64(rng, n, heads, tokens, dim, products):
     args32 = draw(rng, n, heads, tokens, dim, np.float32)
     args64 = tuple(a.astype(jnp.float64) for a in args32)  # the same numbers
-    loss, grads = jax.jit(squared_loss_and_grad)(*args32)
+    loss, grads = jax.jit(functools.partial(squared_loss_and_grad, products=products))(*args32)
     ref_loss, ref_grads = jax.value_and_grad(reference_loss, argnums=(2, 3))(*args64)
     assert loss.dtype == jnp.float32 and all(g.dtype == jnp.float32 for g in grads)
     np.testing.assert_allclose(loss, ref_loss, rtol=2e-5)
     scale = max(float(jnp.max(jnp.abs(r))) for r in ref_grads)  # (the θ-gradient may be 0)
     for g, r in zip(grads, ref_grads, strict=True):
         np.testing.assert_allclose(g, r, rtol=1e-4, atol=2e-5 * scale)
-    out = layer_outputs(*args32[:1], *args32[2:])
+    out = layer_outputs(*args32[:1], *args32[2:], products=products)
     expected = jax.vmap(mh.mha, in_axes=(0, None, None))(args64[0], *args64[2:])
     np.testing.assert_allclose(out, expected, rtol=2e-5, atol=2e-5)
 
 
-def test_gradient_matches_finite_differences_of_loop_reference(rng):
+@PRODUCTS
+def test_gradient_matches_finite_differences_of_loop_reference(rng, products):
     """Independent of autodiff: central differences of the float64 loop reference."""
     X, Y, theta, W = (np.asarray(a) for a in draw(rng, 2, 2, 3, 3))
 
     def loop_loss(theta, W):
         return np.mean([(ref.mha(x, theta, W) - y) ** 2 for x, y in zip(X, Y, strict=True)])
 
-    _, (g_theta, g_W) = squared_loss_and_grad(*map(jnp.asarray, (X, Y, theta, W)))
+    args = map(jnp.asarray, (X, Y, theta, W))
+    _, (g_theta, g_W) = squared_loss_and_grad(*args, products=products)
     eps = 1e-6
     for which, grad in ((0, g_theta), (1, g_W)):
         for idx in np.ndindex(theta.shape):
@@ -85,10 +96,11 @@ def test_gradient_matches_finite_differences_of_loop_reference(rng):
             np.testing.assert_allclose(grad[idx], (up - down) / (2 * eps), rtol=1e-6, atol=1e-9)
 
 
+@PRODUCTS
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_huge_scores_give_finite_values_and_gradients(rng, dtype):
+def test_huge_scores_give_finite_values_and_gradients(rng, dtype, products):
     X, Y, theta, W = draw(rng, 3, 2, 5, 3, dtype, scale=1e4)
-    loss, grads = squared_loss_and_grad(X, Y, theta, W)
+    loss, grads = squared_loss_and_grad(X, Y, theta, W, products=products)
     assert np.isfinite(loss) and all(np.all(np.isfinite(g)) for g in grads)
 
 
@@ -121,3 +133,26 @@ def test_bad_shapes_raise_value_error(rng, X_shape, Y_shape, fragment):
     theta = jnp.zeros((2, 5, 5))
     with pytest.raises(ValueError, match=fragment):
         squared_loss_and_grad(jnp.zeros(X_shape), jnp.zeros(Y_shape), theta, theta)
+
+
+@pytest.mark.parametrize(
+    "tokens,dim,form",
+    [(4, 8, "broadcast"), (8, 8, "broadcast"), (4, 9, "batched"), (9, 3, "batched")],
+)
+def test_auto_products_take_the_broadcast_form_only_for_small_sequences(rng, tokens, dim, form):
+    """The default is one of the two forms, bit for bit: broadcast up to dim and tokens 8."""
+    args = draw(rng, 3, 2, tokens, dim)
+    auto = jax.jit(squared_loss_and_grad)(*args)
+    chosen = jax.jit(functools.partial(squared_loss_and_grad, products=form))(*args)
+    for a, c in zip(jax.tree.leaves(auto), jax.tree.leaves(chosen), strict=True):
+        np.testing.assert_array_equal(a, c)
+    X, _, theta, W = args
+    np.testing.assert_array_equal(
+        layer_outputs(X, theta, W), layer_outputs(X, theta, W, products=form)
+    )
+
+
+def test_unknown_products_form_raises(rng):
+    X, Y, theta, W = draw(rng, 2, 1, 2, 3)
+    with pytest.raises(ValueError, match="products"):
+        squared_loss_and_grad(X, Y, theta, W, products="loop")

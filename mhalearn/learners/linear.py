@@ -2,27 +2,18 @@
 
 For fixed Θ, F(X) = Σ_i Φ_i(X) W_i with Φ_i(X) = A_i(X) X, so stacking the per-head features of
 every (sample, token) row gives one least-squares problem ``Z·[W_1; …; W_m] ≈ Y`` for all
-heads at once. Shared by variable projection, alternating minimisation, the baselines and the
-last phase of the certify-and-sculpt pipeline.
+heads at once (the design Z: :func:`mhalearn.layer.design`). Shared by variable projection,
+alternating minimisation, the baselines and the last phase of the certify-and-sculpt pipeline.
 """
 
 from __future__ import annotations
 
-import jax
-import jax.numpy as jnp
 from jaxtyping import Array, Float
 
-from mhalearn.kernels import head_features
+from mhalearn.layer import design
 from mhalearn.solvers import ridge_solve
 
-
-def design(
-    X: Float[Array, "samples tokens dim"], theta: Float[Array, "heads dim dim"]
-) -> Float[Array, "rows heads_dim"]:
-    """Rows (sample, token), columns (head, feature): Z[(n,t), (i,a)] = (A_i(X_n) X_n)[t, a]."""
-    phi = jax.vmap(head_features, in_axes=(0, None))(X, theta)  # (samples, heads, tokens, dim)
-    n, m, t, d = phi.shape
-    return jnp.transpose(phi, (0, 2, 1, 3)).reshape(n * t, m * d)
+__all__ = ["design", "solve_values", "values_and_residual"]
 
 
 def solve_values(
