@@ -547,9 +547,11 @@ def span_estimate(
       constraints accumulate the recession cone shrinks towards cone{Θ_i} (a consensus row's
       constraint holds with margin for every head, and for a direction far outside the span
       some certified row violates it), so its cross-section shrinks towards the polytope of
-      the heads' directions, widened in every direction by a finite-sample slack: that
-      polytope's own extent is what principal directions about the mean see first. The angle
-      of p itself to the span then bounds the estimate's.
+      the heads' directions, widened in every direction by how far a head can turn before
+      some certified row's score difference reaches 0 (a width that more rows do not remove:
+      certified margins are at least about log((1−δ)/δ), of order 1/β in units of ‖Θ_i‖):
+      that polytope's own extent is what principal directions about the mean see first. The
+      angle of p itself to the span then bounds the estimate's.
 
     A method that queries K alone has nothing that places the span closer than K's own
     resolution at the heads — how far a head can turn away from the span and still satisfy
@@ -558,12 +560,16 @@ def span_estimate(
     rows are those where every head's attention is nearly one-hot, so their margins in units
     of ‖Θ_i‖ shrink like 1/β: the span phase needs sharp attention (measured in notebook 03).
 
-    Why these should find the span (our reconstruction): K's constraints depend on Θ only
-    through the heads' margins, so K is (approximately, for random inputs) symmetric under
-    rotations that fix span{Θ_i}; a query whose answer is built from K alone (a min-norm
-    point, a projection averaged over directions, the walk's second moments) then lands in the
-    span up to the noise of finitely many constraints, and the methods differ in how that noise
-    falls. Which of them reaches the span at which N is measured by the ``sculpt`` study.
+    Why these might find the span (our reconstruction, a heuristic): every Θ_i satisfies
+    every constraint with margin, and as constraints accumulate the directions far from every
+    head are cut away, so K and its recession cone gather around cone{Θ_i}, up to K's
+    resolution at the heads; a query built from K alone (a min-norm point, a projection
+    averaged over directions, the walk's second moments) lands near that cone. Nothing forces
+    it into the span beyond that: rotating the inputs, x → Ux, turns the K of heads Θ_i into
+    the K of heads UᵀΘ_iU, so the inputs' symmetry fixes span{Θ_i} only for the U with
+    UᵀΘ_iU = Θ_i (for generic heads, ±I alone). K need not be symmetric about the span, and
+    a point such as p can sit off it by a bias that more constraints do not remove. Which
+    method reaches the span at which N is measured by the ``sculpt`` study.
 
     ``point``: p when already known (:func:`k_min_norm_point`; several methods on one K share
     it). The queries run in ``config.qp_products``; the results come back in K's precision."""
