@@ -553,10 +553,11 @@ def span_estimate(
       that polytope's own extent is what principal directions about the mean see first. The
       angle of p itself to the span then bounds the estimate's.
 
-    A method that queries K alone has nothing that places the span closer than K's own
-    resolution at the heads — how far a head can turn away from the span and still satisfy
-    every constraint
-    (:func:`~mhalearn.metrics.recovery.constraint_tilt`, reported as ``k_tilt``). Certified
+    A single point of K can sit as far off the span as K's own resolution at the heads — how
+    far a head can turn away from the span and still satisfy every constraint
+    (:func:`~mhalearn.metrics.recovery.constraint_tilt`, reported as ``k_tilt``); only a
+    method that averages over many points of K can do better (at one head ``peel`` and
+    ``subsets`` reach 0.4–0.7 times it, notebook 03). Certified
     rows are those where every head's attention is nearly one-hot, so their margins in units
     of ‖Θ_i‖ shrink like 1/β: the span phase needs sharp attention (measured in notebook 03).
 
