@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import LR, append_rows, layer_flops_per_step, machine
 
 from mhalearn.batch import compiler_options
-from mhalearn.layer import _broadcast, squared_loss_and_grad
+from mhalearn.layer import broadcast_form, squared_loss_and_grad
 
 HEADS, DIM, TOKENS, STEPS = 2, 8, 4, 300
 #: --products: (heads, dim, tokens, samples) on both sides of BROADCAST_MAX
@@ -87,7 +87,7 @@ def compare_products() -> None:
             form: 1e6 * seconds_per_step(samples, 1, (heads, dim, tokens), form)
             for form in ("batched", "broadcast")
         }
-        auto = "broadcast" if _broadcast("auto", tokens, dim) else "batched"
+        auto = "broadcast" if broadcast_form("auto", tokens, dim) else "batched"
         ratio = us["broadcast"] / us["batched"]
         print(
             f"({heads}, {dim}, {tokens}, {samples}) | {us['batched']:.1f} | "

@@ -45,8 +45,9 @@ BROADCAST_MAX = 8
 Products = Literal["auto", "batched", "broadcast"]
 
 
-def _broadcast(products: Products, tokens: int, dim: int) -> bool:
-    """Whether the per-sample score products take the broadcast form (see the module)."""
+def broadcast_form(products: Products, tokens: int, dim: int) -> bool:
+    """Whether the per-sample score products take the broadcast form at (tokens, dim) under
+    ``products`` (see the module); an unknown ``products`` raises."""
     choice("products", products, ("auto", "batched", "broadcast"))
     if products == "auto":
         return max(tokens, dim) <= BROADCAST_MAX
@@ -85,8 +86,15 @@ def design(
     — the design of the values' least squares (:mod:`mhalearn.learners.linear`)."""
     X, theta = arrays(X=X, theta=theta)
     check_shapes(("X", X, "n tokens dim"), ("theta", theta, "heads dim dim"))
+    return _design(X, theta, products)
+
+
+def _design(
+    X: Float[Array, "n tokens dim"], theta: Float[Array, "heads dim dim"], products: Products
+) -> Float[Array, "n*tokens heads*dim"]:
+    """:func:`design` on validated arrays."""
     n, T, d = X.shape
-    _, Phi = _features(X, theta, _broadcast(products, T, d))
+    _, Phi = _features(X, theta, broadcast_form(products, T, d))
     return Phi.reshape(n * T, theta.shape[0] * d)
 
 
@@ -104,8 +112,7 @@ def layer_outputs(
         ("X", X, "n tokens dim"), ("theta", theta, "heads dim dim"), ("W", W, "heads dim dim")
     )
     n, T, d = X.shape
-    Z = design(X, theta, products=products)
-    return (Z @ W.reshape(-1, d)).reshape(n, T, d)
+    return (_design(X, theta, products) @ W.reshape(-1, d)).reshape(n, T, d)
 
 
 def squared_loss_and_grad(
@@ -130,7 +137,7 @@ def squared_loss_and_grad(
     m = theta.shape[0]
     rows = X.reshape(n * T, d)
     Wf = W.reshape(m * d, d)
-    broadcast = _broadcast(products, T, d)
+    broadcast = broadcast_form(products, T, d)
     A, Phi = _features(X, theta, broadcast)
     Phi_rows = Phi.reshape(n * T, m * d)
     R = Phi_rows @ Wf - Y.reshape(n * T, d)  # residual, (n·T, d)
