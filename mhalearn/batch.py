@@ -32,6 +32,11 @@
   Results are bitwise identical for every chunk size and device count: on CPU at any width;
   on an accelerator for a given width (its fitted width depends on the instance count and
   memory: give ``vector_width`` to pin it; ``stats`` reports the width used).
+- **One BLAS thread.** While instance programs run on CPU devices, the BLAS libraries of
+  the process (the OpenBLAS behind jaxlib's LAPACK kernels) are held to one thread
+  (:func:`_one_blas_thread`): the devices already use every core, and OpenBLAS's threads,
+  which wait for work by spinning, otherwise took up to half the CPU time from them —
+  steady state at the first cell of benchmarks/recovery_speed.py 2.6 s against 1.4 s.
 - **Compiler options.** Instance programs are compiled with :func:`compiler_options` (on CPU:
   matrix products through the YNNPACK library) unless ``options`` says otherwise.
 - **Matrix-product precision.** Instance programs are traced at
@@ -50,6 +55,7 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import io
 import math
@@ -63,6 +69,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+import threadpoolctl
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jaxtyping import PRNGKeyArray, PyTree
 
@@ -527,10 +534,11 @@ def map_instances(
                 run_group = compile_all(width)
     toc = time.perf_counter()
 
-    pieces = [
-        _run_chunk(run_group, group_args, devs, mine, start, chunk, width, instances, report)
-        for start in range(0, instances, chunk)
-    ]
+    with _one_blas_thread(devs):
+        pieces = [
+            _run_chunk(run_group, group_args, devs, mine, start, chunk, width, instances, report)
+            for start in range(0, instances, chunk)
+        ]
     if report is not None:
         report("done", instances, instances)
     result = jax.tree.map(lambda *parts: np.concatenate(parts), *pieces)
@@ -542,6 +550,14 @@ def map_instances(
             **{f"programs_{how}": programs[how] for how in ("compiled", "relocated", "kept")},
         )
     return result
+
+
+def _one_blas_thread(devices: Sequence[jax.Device]) -> contextlib.AbstractContextManager:
+    """On CPU devices: the process's BLAS libraries held to one thread until the context
+    exits (their own settings restored then); elsewhere nothing."""
+    if devices[0].platform != "cpu":
+        return contextlib.nullcontext()
+    return threadpoolctl.threadpool_limits(limits=1, user_api="blas")
 
 
 def _run_chunk(run_group, group_args, devs, mine, start, chunk, width, instances, report):

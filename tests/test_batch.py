@@ -387,3 +387,29 @@ def test_the_width_used_is_reported():
     assert stats["vector_width"] == 1  # the CPU default
     mh.map_instances(lambda k, p, s: jnp.ones(2), jax.random.key(0), 3, vector_width=2, stats=stats)
     assert stats["vector_width"] == 2
+
+
+def _blas_threads() -> int:
+    import threadpoolctl
+
+    return max(i["num_threads"] for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas")
+
+
+def test_blas_is_held_to_one_thread_while_cpu_instance_programs_run_and_restored_after():
+    import threadpoolctl
+
+    if jax.devices()[0].platform != "cpu":
+        pytest.skip("the hold applies to CPU devices")
+
+    def fn(key, p, s):
+        x = jnp.linalg.solve(2.0 * jnp.eye(3), jax.random.normal(key, (3,)))  # jaxlib's LAPACK
+        shape = jax.ShapeDtypeStruct((), jnp.int32)
+        seen = jax.pure_callback(lambda: np.int32(_blas_threads()), shape)
+        return seen + 0 * jnp.isnan(x).sum().astype(jnp.int32)
+
+    with threadpoolctl.threadpool_limits(limits=2, user_api="blas"):
+        before = _blas_threads()
+        seen = mh.map_instances(fn, jax.random.key(0), 4)
+        after = _blas_threads()
+    assert before == 2 and after == 2
+    np.testing.assert_array_equal(seen, 1)
