@@ -108,10 +108,17 @@ def test_the_precision_the_engine_traces_at_changes_no_bit_on_cpu(monkeypatch):
     assert_all_equal(runs)
 
 
-def test_default_cpu_width_groups_only_many_instances():
+def test_default_cpu_width_leaves_every_device_four_groups_or_more():
     cpu = jax.devices("cpu")
     assert mh.batch.default_vector_width(cpu, 4 * mh.batch.CPU_GROUP) == mh.batch.CPU_GROUP
-    assert mh.batch.default_vector_width(cpu, 4 * mh.batch.CPU_GROUP - 1) == 1
+    assert mh.batch.default_vector_width(cpu, 10**6) == mh.batch.CPU_GROUP
+    for per_device in range(1, 4 * mh.batch.CPU_GROUP):
+        width = mh.batch.default_vector_width(cpu, per_device)
+        assert width & (width - 1) == 0  # a power of two
+        assert width == 1 or per_device >= 4 * width  # four groups per device at least
+        assert 2 * width > mh.batch.CPU_GROUP or per_device < 8 * width  # and the widest
+    assert mh.batch.default_vector_width(cpu, 32) == 8
+    assert mh.batch.default_vector_width(cpu, 7) == 1
     stats = {}
     mh.map_instances(lambda k, p, s: jnp.ones(2), jax.random.key(0), 200, stats=stats)
     assert stats["vector_width"] == mh.batch.CPU_GROUP
