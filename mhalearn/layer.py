@@ -20,8 +20,9 @@ in the form that XLA:CPU runs fastest, measured with ``benchmarks/compare.py``:
   loop instead of calling a batched matrix product on 4 × 8 blocks: about a fifth less time
   per GD step there, and slower at dim 16 (``python benchmarks/kernel_scaling.py --products``).
   So are the features ``Φ = A X`` (summed over tokens): another sixth less at (2, 8, 4, 256)
-  (82 → 69 µs per step, one core). The backward's ``(A ⊙ dA) X`` stays a batched product: in
-  the broadcast form the step took longer (94 µs).
+  (83 → 69 µs per step in ``kernel_scaling.py --products``, one run before and one after).
+  The backward's ``(A ⊙ dA) X`` stays a batched product: in the broadcast form the step took
+  longer (94 against 82 µs, one-off).
   ``products`` forces either form; they agree to rounding (tested against the reference).
 
 Notation, per sample n and head h: ``Q_h = X Θ_h``, ``A_h = softmax(Q_h Xᵀ)``,
