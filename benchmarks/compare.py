@@ -29,10 +29,10 @@ PyTorch is optional (``pip install -e ".[bench]"``); its rows are skipped with a
 is absent. Prints instance-steps/s, GFLOP/s (3× forward FLOPs per step), the ratio of mhalearn
 to every baseline and the percentage of the ceiling; compilation is timed apart (steady state
 excludes it). Every implementation runs twice (mhalearn's second call reuses its compiled
-program, as a study's next cell does) and its steady state is the faster run: the first run of
-a compiled program pays one-time costs (about 40 ms for mhalearn at (2, 8, 4, 256, B 64), a
-third of that shape's run). Rows go to benchmarks/results/compare.csv (columns impl, heads, dim, tokens,
-samples, instances, inst_steps_per_s, gflops, pct_of_ceiling, then context).
+program, as a study's next cell does) and its steady state is the faster run: the first run
+of a compiled program pays one-time costs (about 40 ms for mhalearn at (2, 8, 4, 256, B 64),
+a third of that shape's run). Rows go to benchmarks/results/compare.csv (columns impl, heads,
+dim, tokens, samples, instances, inst_steps_per_s, gflops, pct_of_ceiling, then context).
 """
 
 from __future__ import annotations

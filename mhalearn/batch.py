@@ -35,8 +35,8 @@
 - **One BLAS thread.** While instance programs run on CPU devices, the BLAS libraries of
   the process (the OpenBLAS behind jaxlib's LAPACK kernels) are held to one thread
   (:func:`_one_blas_thread`): the devices already use every core, and OpenBLAS's threads,
-  which wait for work by spinning, otherwise took up to half the CPU time from them —
-  steady state at the first cell of benchmarks/recovery_speed.py 2.6 s against 1.4 s.
+  which wait for work by spinning, otherwise took up to half the CPU time from them — the
+  steady state at the first cell of benchmarks/recovery_speed.py went from 2.5 s to 1.6 s.
 - **Compiler options.** Instance programs are compiled with :func:`compiler_options` (on CPU:
   matrix products through the YNNPACK library) unless ``options`` says otherwise.
 - **Matrix-product precision.** Instance programs are traced at
@@ -132,8 +132,8 @@ def default_vector_width(devices: Sequence[jax.Device], per_device: int = 1) -> 
     """On CPU, where a group is a loop (:func:`_group_program`) and its width never changes a
     result: the largest power of two up to :data:`CPU_GROUP` of which every device receives
     at least four groups (``per_device`` instances), else 1 — fewer calls for many tiny
-    problems (64 GD fits at (2, 8, 4, 256) on two devices: 8 per call ran a fifth faster than
-    1), and padding below a quarter of the instances. On accelerators the width is fitted to
+    problems (64 GD fits at (2, 8, 4, 256) on two devices: 8 per call ran about 14% faster
+    than 1), and padding below a quarter of the instances. On accelerators the width is fitted to
     the device's memory and the problem (:func:`fitted_width`); this is the probe width it is
     measured at."""
     if devices[0].platform == "cpu":

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import threadpoolctl
 
 import mhalearn as mh
 from tests.engine.compiles import count_compiles
@@ -397,14 +398,10 @@ def test_the_width_used_is_reported():
 
 
 def _blas_threads() -> int:
-    import threadpoolctl
-
     return max(i["num_threads"] for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas")
 
 
 def test_blas_is_held_to_one_thread_while_cpu_instance_programs_run_and_restored_after():
-    import threadpoolctl
-
     if jax.devices()[0].platform != "cpu":
         pytest.skip("the hold applies to CPU devices")
 
