@@ -30,8 +30,8 @@ is absent. Prints instance-steps/s, GFLOP/s (3× forward FLOPs per step), the ra
 to every baseline and the percentage of the ceiling; compilation is timed apart (steady state
 excludes it). Every implementation runs twice (mhalearn's second call reuses its compiled
 program, as a study's next cell does) and its steady state is the faster run: the first run
-of a compiled program pays one-time costs (about 40 ms for mhalearn at (2, 8, 4, 256, B 64),
-a third of that shape's run). Rows go to benchmarks/results/compare.csv (columns impl, heads,
+of a compiled program pays one-time costs, a large share of mhalearn's 0.1 s run at (2, 8, 4,
+256, B 64). Rows go to benchmarks/results/compare.csv (columns impl, heads,
 dim, tokens, samples, instances, inst_steps_per_s, gflops, pct_of_ceiling, then context).
 """
 

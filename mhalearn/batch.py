@@ -132,10 +132,10 @@ def default_vector_width(devices: Sequence[jax.Device], per_device: int = 1) -> 
     """On CPU, where a group is a loop (:func:`_group_program`) and its width never changes a
     result: the largest power of two up to :data:`CPU_GROUP` of which every device receives
     at least four groups (``per_device`` instances), else 1 — fewer calls for many tiny
-    problems (64 GD fits at (2, 8, 4, 256) on two devices: 8 per call ran about 14% faster
-    than 1), and padding below a quarter of the instances. On accelerators the width is fitted to
-    the device's memory and the problem (:func:`fitted_width`); this is the probe width it is
-    measured at."""
+    problems (64 GD fits at (2, 8, 4, 256) on two devices: 8 per call, where it used to be
+    1, in benchmarks/compare.py), and padding below a quarter of the instances. On
+    accelerators the width is fitted to the device's memory and the problem
+    (:func:`fitted_width`); this is the probe width it is measured at."""
     if devices[0].platform == "cpu":
         width = 1
         while 2 * width <= CPU_GROUP and 4 * 2 * width <= per_device:

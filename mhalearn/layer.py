@@ -22,7 +22,7 @@ in the form that XLA:CPU runs fastest, measured with ``benchmarks/compare.py``:
   So are the features ``Φ = A X`` (summed over tokens): another sixth less at (2, 8, 4, 256)
   (83 → 69 µs per step in ``kernel_scaling.py --products``, one run before and one after).
   The backward's ``(A ⊙ dA) X`` stays a batched product: in the broadcast form the step took
-  longer (94 against 82 µs, one-off).
+  longer in a one-off trial.
   ``products`` forces either form; they agree to rounding (tested against the reference).
 
 Notation, per sample n and head h: ``Q_h = X Θ_h``, ``A_h = softmax(Q_h Xᵀ)``,
