@@ -50,8 +50,8 @@ Products = Literal["auto", "batched", "broadcast"]
 
 
 def broadcast_form(products: Products, tokens: int, dim: int) -> bool:
-    """Whether the per-sample score products take the broadcast form at (tokens, dim) under
-    ``products`` (see the module); an unknown ``products`` raises."""
+    """Whether the per-sample products (scores and features) take the broadcast form at
+    (tokens, dim) under ``products`` (see the module); an unknown ``products`` raises."""
     choice("products", products, ("auto", "batched", "broadcast"))
     if products == "auto":
         return max(tokens, dim) <= BROADCAST_MAX
@@ -112,7 +112,7 @@ def layer_outputs(
     products: Products = "auto",
 ) -> Float[Array, "n tokens dim"]:
     """``mha`` applied to each of ``n`` sequences (equal to ``jax.vmap(mha)``); ``products``:
-    the form of the per-sample score products (see the module)."""
+    the form of the per-sample products (see the module)."""
     X, theta, W = arrays(X=X, theta=theta, W=W)
     check_shapes(
         ("X", X, "n tokens dim"), ("theta", theta, "heads dim dim"), ("W", W, "heads dim dim")
@@ -131,7 +131,7 @@ def squared_loss_and_grad(
 ) -> tuple[Float[Array, ""], tuple[Float[Array, "heads dim dim"], Float[Array, "heads dim dim"]]]:
     """``mean((layer(X) − Y)²)`` and its gradient with respect to ``(theta, W)``: equal to
     ``jax.value_and_grad`` of the reference loss, in one forward and one backward pass;
-    ``products``: the form of the per-sample score products (see the module)."""
+    ``products``: the form of the per-sample products (see the module)."""
     X, Y, theta, W = arrays(X=X, Y=Y, theta=theta, W=W)
     check_shapes(
         ("X", X, "n tokens dim"),
