@@ -6,7 +6,8 @@ counter it builds for the former about six times slower (≈ 1 s against 0.15 s 
 Gaussians; every draw in an instance program pays it). These functions draw flat and reshape:
 the same numbers (``tests/test_draws.py`` holds them bitwise equal to ``jax.random``'s), less
 compile time. Every random draw in the package goes through them (but the minibatch choice
-of ``learners/gd.py``, a permutation).
+of ``learners/gd.py``, a permutation). One is not jax.random's: :func:`rademacher` takes its
+signs from the bits of raw words, 32 to a word.
 """
 
 from __future__ import annotations
@@ -35,8 +36,19 @@ def uniform(key: PRNGKeyArray, shape: Sequence[int], dtype=None) -> Array:
 
 
 def rademacher(key: PRNGKeyArray, shape: Sequence[int], dtype=None) -> Array:
-    """``jax.random.rademacher(key, shape, dtype)``: ±1 with equal probability."""
-    return _flat(jax.random.rademacher, key, shape, dtype=dtype or jnp.result_type(float))
+    """±1 with equal probability, independently: entry ``32·w + b`` (row-major) is bit ``b``
+    of word ``w`` of ``jax.random.bits(key, (⌈n/32⌉,), uint32)``, 1 ↦ +1 and 0 ↦ −1.
+
+    Not ``jax.random.rademacher``'s numbers: that spends a 32-bit word (a uniform float) on
+    every sign, this one bit, so it draws 32 times fewer words: at the small shapes of the
+    recovery studies, drawing the Boolean inputs was a sizeable share of an instance's run
+    (README, Performance)."""
+    shape = tuple(int(s) for s in shape)
+    n = math.prod(shape)
+    words = jax.random.bits(key, (-(-n // 32),), jnp.uint32)
+    bits = (words[:, None] >> jnp.arange(32, dtype=jnp.uint32)) & 1
+    signs = 2 * bits.reshape(-1)[:n].astype(dtype or jnp.result_type(float)) - 1
+    return signs.reshape(shape)
 
 
 def randint(key: PRNGKeyArray, shape: Sequence[int], low: int, high: int) -> Array:
