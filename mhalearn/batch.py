@@ -10,10 +10,15 @@
   (the last chunk is padded, so there is one compilation). Everything an instance needs is
   generated inside ``fn`` from its key, so peak memory is set by the chunk, not by the number
   of instances; results are gathered on the host chunk by chunk.
-- **Devices and hosts.** A chunk is split into equal blocks, one per chosen device, and the
-  results form one Array sharded over a 1-D mesh of those devices; after
-  ``jax.distributed.initialize`` the mesh spans every process's devices and each process
-  receives the full results. On a CPU split into one device per core (:func:`split_cpu`)
+- **Devices and hosts.** In one process, the chosen devices pull a chunk's groups (below)
+  one after another, each taking the next as soon as it has finished its last
+  (:func:`_pulled`): a device whose instances take longer runs fewer groups (variable
+  projection's fits differ in their Gauss–Newton systems; at the third cell of
+  benchmarks/recovery_speed.py the two devices' fixed halves took 41 and 46). After
+  ``jax.distributed.initialize`` a chunk is split into equal blocks, one per device of
+  every process, the results form one Array sharded over a 1-D mesh of those devices, and
+  each process receives the full results (:func:`_blocks`). On a CPU split into one device
+  per core (:func:`split_cpu`)
   the cores run instance programs side by side, all of them one binary, compiled once and
   loaded for each device (:func:`_relocated`).
 - **Vector width.** The compiled unit is a group of ``vector_width`` instances on one
@@ -27,9 +32,7 @@
   threads — seen with variable projection at width 2, jax 0.10.2.) On an accelerator the
   group is vmapped, as wide as fits in half its memory (:func:`fitted_width`, from the
   compiler's memory report of a 32-wide probe) up to the instances each device receives in
-  a chunk, so thousands of instances are in flight per call. Groups are dispatched
-  asynchronously, round robin over the devices, so every device has work from the start.
-  Results are bitwise identical for every chunk size and device count: on CPU at any width;
+  a chunk, so thousands of instances are in flight per call. Results are bitwise identical for every chunk size and device count: on CPU at any width;
   on an accelerator for a given width (its fitted width depends on the instance count and
   memory: give ``vector_width`` to pin it; ``stats`` reports the width used).
 - **One BLAS thread.** While instance programs run on CPU devices, the BLAS libraries of
@@ -55,11 +58,13 @@
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import contextlib
 import dataclasses
 import io
 import math
 import os
+import threading
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -566,19 +571,77 @@ def _one_blas_thread(devices: Sequence[jax.Device]) -> contextlib.AbstractContex
 
 
 def _run_chunk(run_group, group_args, devs, mine, start, chunk, width, instances, report):
-    """One chunk of instances: its groups dispatched asynchronously, round robin over the
-    devices so that every device has work from the start; the results on the host."""
+    """One chunk of instances, its results on the host: in one process, pulled by the
+    devices (:func:`_pulled`); across processes, a block per device (:func:`_blocks`)."""
+    rows = np.minimum(np.arange(start, start + chunk), instances - 1)  # pad with the last
+    if jax.process_count() == 1:
+        out = _pulled(run_group, group_args, mine, rows, width, instances, report)
+    else:
+        out = _blocks(run_group, group_args, devs, mine, rows, width, instances, report)
+    valid = min(chunk, instances - start)
+    return jax.tree.map(lambda a: a[:valid], out)
+
+
+def _pulled(run_group, group_args, devices, rows, width, instances, report):
+    """The groups of ``rows`` (``width`` rows each, in order), each device taking the next
+    one as soon as it has finished its last: a device whose instances take longer (more
+    restarts, more iterations) runs fewer groups, and no device waits for another's share.
+    One host thread per device dispatches a group and waits for its results; the next group
+    is dispatched before that wait while at least two groups per device are left, so a device
+    does not stand idle between groups. A result does not depend on the device that ran it
+    (every device runs the same program)."""
+    starts = collections.deque(range(0, rows.size, width))
+    lock = threading.Lock()
+    stop = threading.Event()
+    results: dict[int, PyTree] = {}
+    finished = [0]
+
+    def take() -> int | None:
+        with lock:
+            return None if stop.is_set() or not starts else starts.popleft()
+
+    def serve(device):
+        pending = collections.deque()  # (first row, group output) dispatched, not collected
+        while True:
+            depth = 2 if len(starts) >= 2 * len(devices) else 1  # plenty left: one ahead
+            while len(pending) < depth and (g := take()) is not None:
+                pending.append((g, run_group[device](*group_args(rows[g : g + width], device))))
+            if not pending:
+                return
+            first, out = pending.popleft()
+            host = jax.tree.map(np.asarray, out)  # waits for the group
+            with lock:
+                results[first] = host
+                finished[0] += max(0, min(width, instances - rows[0] - first))
+                if report is not None:
+                    report("running", min(int(rows[0]) + finished[0], instances), instances)
+
+    with concurrent.futures.ThreadPoolExecutor(len(devices)) as pool:
+        served = [pool.submit(serve, d) for d in devices]
+        try:
+            for f in served:
+                f.result()
+        finally:  # an error or an interruption: no new groups (those running finish)
+            stop.set()
+    order = sorted(results)
+    return jax.tree.map(lambda *parts: np.concatenate(parts), *(results[g] for g in order))
+
+
+def _blocks(run_group, group_args, devs, mine, rows, width, instances, report):
+    """The rows split into equal blocks, one per device (of every process), each device's
+    groups dispatched asynchronously, round robin over the devices so that every device has
+    work from the start; the results gathered over the processes."""
+    chunk = rows.size
     block = chunk // len(devs)
     mesh = Mesh(np.array(devs), (AXIS,))
     split = NamedSharding(mesh, PartitionSpec(AXIS))
-    rows = np.minimum(np.arange(start, start + chunk), instances - 1)  # pad with the last
     groups = {d: [] for d in mine}
     dispatched = []  # (group, its first row) in dispatch order
     for g in range(0, block, width):
         for d in mine:
             lo = devs.index(d) * block + g
             groups[d].append(run_group[d](*group_args(rows[lo : lo + width], d)))  # async
-            dispatched.append((groups[d][-1], start + lo))
+            dispatched.append((groups[d][-1], int(rows[0]) + lo))
     if report is not None:  # groups finish roughly in dispatch order: wait for each
         for group, row in dispatched:
             jax.block_until_ready(group)
@@ -590,8 +653,7 @@ def _run_chunk(run_group, group_args, devs, mine, start, chunk, width, instances
         ),
         *outs,
     )
-    valid = min(chunk, instances - start)
-    return jax.tree.map(lambda a: _host(a)[:valid], out)
+    return jax.tree.map(_host, out)
 
 
 def _stack_groups(groups: list[PyTree], device: jax.Device) -> PyTree:

@@ -417,3 +417,72 @@ def test_blas_is_held_to_one_thread_while_cpu_instance_programs_run_and_restored
         after = _blas_threads()
     assert before == 2 and after == 2
     np.testing.assert_array_equal(seen, 1)
+
+
+class _Held:
+    """A group's output that is ready only once ``event`` is set (as a device still running)."""
+
+    def __init__(self, value, event):
+        self.value, self.event = value, event
+
+    def __array__(self, dtype=None, copy=None):
+        assert self.event.wait(60), "the other device never took the remaining groups"
+        return np.asarray(self.value, dtype)
+
+
+def test_a_free_device_pulls_the_groups_a_busy_one_has_not_started():
+    """Device a's first group runs until every group has been dispatched:
+    with groups pulled as devices come free, b runs 6 of the 8 (a holds 2: the one running
+    and the one dispatched ahead), and the results come back in row order."""
+    import threading
+
+    from mhalearn.batch import _pulled
+
+    served = {"a": [], "b": []}
+    last_done, a_started = threading.Event(), threading.Event()
+
+    def run(device):
+        def group(rows):
+            if device == "b":  # a takes its groups first
+                assert a_started.wait(60)
+            served[device].append(int(rows[0]))
+            a_started.set()
+            if len(served["a"]) + len(served["b"]) == 8:  # every group dispatched
+                last_done.set()
+            if device == "a" and len(served["a"]) == 1:
+                return {"x": _Held(rows * 10, last_done)}
+            return {"x": rows * 10}
+
+        return group
+
+    rows = np.arange(8)
+    done = []
+    out = _pulled(
+        {d: run(d) for d in "ab"},
+        lambda r, d: (r,),
+        ["a", "b"],
+        rows,
+        1,
+        8,
+        lambda phase, n, total: done.append(n),
+    )
+    np.testing.assert_array_equal(out["x"], rows * 10)
+    assert sorted(served["a"] + served["b"]) == list(range(8))
+    assert len(served["a"]) == 2 and len(served["b"]) == 6
+    assert sorted(done) == done and done[-1] == 8
+
+
+def test_an_error_in_one_devices_group_stops_the_pulling_and_is_raised():
+    from mhalearn.batch import _pulled
+
+    calls = []
+
+    def group(rows):
+        calls.append(int(rows[0]))
+        if int(rows[0]) == 2:
+            raise RuntimeError("group 2 failed")
+        return {"x": rows}
+
+    with pytest.raises(RuntimeError, match="group 2 failed"):
+        _pulled({d: group for d in "ab"}, lambda r, d: (r,), ["a", "b"], np.arange(64), 1, 64, None)
+    assert len(calls) < 64  # the remaining groups were not run
