@@ -32,9 +32,10 @@
   threads — seen with variable projection at width 2, jax 0.10.2.) On an accelerator the
   group is vmapped, as wide as fits in half its memory (:func:`fitted_width`, from the
   compiler's memory report of a 32-wide probe) up to the instances each device receives in
-  a chunk, so thousands of instances are in flight per call. Results are bitwise identical for every chunk size and device count: on CPU at any width;
-  on an accelerator for a given width (its fitted width depends on the instance count and
-  memory: give ``vector_width`` to pin it; ``stats`` reports the width used).
+  a chunk, so thousands of instances are in flight per call. Results are bitwise identical
+  for every chunk size and device count: on CPU at any width; on an accelerator for a given
+  width (its fitted width depends on the instance count and memory: give ``vector_width``
+  to pin it; ``stats`` reports the width used).
 - **One BLAS thread.** While instance programs run on CPU devices, the BLAS libraries of
   the process (the OpenBLAS behind jaxlib's LAPACK kernels) are held to one thread
   (:func:`_one_blas_thread`): the devices already use every core, and OpenBLAS's threads,
