@@ -13,8 +13,8 @@
 - **Devices and hosts.** In one process, the chosen devices pull a chunk's groups (below)
   one after another, each taking the next as soon as it has finished its last
   (:func:`_pulled`): a device whose instances take longer runs fewer groups (variable
-  projection's fits differ in their Gauss–Newton systems; at the third cell of
-  benchmarks/recovery_speed.py the two devices' fixed halves took 41 and 46). After
+  projection's fits differ in how many Gauss–Newton systems they need, and fixed halves
+  left one device waiting for the other). After
   ``jax.distributed.initialize`` a chunk is split into equal blocks, one per device of
   every process, the results form one Array sharded over a 1-D mesh of those devices, and
   each process receives the full results (:func:`_blocks`). On a CPU split into one device
