@@ -592,6 +592,7 @@ def _pulled(run_group, group_args, devices, rows, width, instances, report):
     does not stand idle between groups. A result does not depend on the device that ran it
     (every device runs the same program)."""
     starts = collections.deque(range(0, rows.size, width))
+    first_row = int(rows[0])  # the chunk's first instance
     lock = threading.Lock()
     stop = threading.Event()
     results: dict[int, PyTree] = {}
@@ -613,9 +614,9 @@ def _pulled(run_group, group_args, devices, rows, width, instances, report):
             host = jax.tree.map(np.asarray, out)  # waits for the group
             with lock:
                 results[first] = host
-                finished[0] += max(0, min(width, instances - rows[0] - first))
+                finished[0] += max(0, min(width, instances - first_row - first))
                 if report is not None:
-                    report("running", min(int(rows[0]) + finished[0], instances), instances)
+                    report("running", first_row + finished[0], instances)
 
     with concurrent.futures.ThreadPoolExecutor(len(devices)) as pool:
         served = [pool.submit(serve, d) for d in devices]
