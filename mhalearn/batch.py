@@ -85,7 +85,8 @@ from mhalearn._version import __version__
 AXIS = "instances"
 
 #: ``progress(phase, done, total)``: phase ``"compiling"`` (done 0), ``"running"`` (``done``
-#: of ``total`` instances finished) or ``"done"``.
+#: of ``total`` instances finished) or ``"done"``. In one process the ``"running"`` calls come
+#: from the threads that serve the devices (:func:`_pulled`), one call at a time.
 Progress = Callable[[str, int, int], None]
 
 
