@@ -597,13 +597,14 @@ def _pulled(run_group, group_args, devices, rows, width, instances, report):
     lock = threading.Lock()
     stop = threading.Event()
     results: dict[int, PyTree] = {}
-    finished = [0]
+    finished = 0  # instances of this chunk done
 
     def take() -> int | None:
         with lock:
             return None if stop.is_set() or not starts else starts.popleft()
 
     def serve(device):
+        nonlocal finished
         pending = collections.deque()  # (first row, group output) dispatched, not collected
         while True:
             depth = 2 if len(starts) >= 2 * len(devices) else 1  # plenty left: one ahead
@@ -615,9 +616,9 @@ def _pulled(run_group, group_args, devices, rows, width, instances, report):
             host = jax.tree.map(np.asarray, out)  # waits for the group
             with lock:
                 results[first] = host
-                finished[0] += max(0, min(width, instances - first_row - first))
+                finished += max(0, min(width, instances - first_row - first))
                 if report is not None:
-                    report("running", first_row + finished[0], instances)
+                    report("running", first_row + finished, instances)
 
     with concurrent.futures.ThreadPoolExecutor(len(devices)) as pool:
         served = [pool.submit(serve, d) for d in devices]
