@@ -12,6 +12,8 @@ and timed warm (one more teacher compiles first), seconds per teacher:
   rounds with the kept share taken from a full argsort, the weighted Gram as one einsum over
   (samples, tokens) and the restarts vmapped (the implementation before the current one);
 - ``certify``: the certificate and K;
+- ``head bodies``: the ``heads`` method's own phase — each head's values, its rows certified
+  head by head and its body K_i;
 - ``min_norm``, then each span method given K's min-norm point, in float32 (the default) and
   float64 (``qp_products=None``);
 - ``tilt``: K's tilt at the heads (a metric the study reports);
@@ -37,6 +39,7 @@ from mhalearn import draws
 from mhalearn.experiments.sculpt import (
     Sculpt,
     certify_phase,
+    head_bodies_phase,
     search_phase,
     span_phase,
     sum_w_phase,
@@ -116,6 +119,7 @@ def phases(config: cl.ChenLiConfig, heads: int) -> dict:
         "sum_w": lambda s: sum_w_phase(s["k"], s["p"], config),
         "sum_w_sorted": lambda s: sum_w_sorted(s["k"], s["p"]),
         "certify": lambda s: certify_phase(s["k"], s["p"], s["S"], config),
+        "head bodies": lambda s: head_bodies_phase(s["k"], s["p"], s["S"], heads, config),
         "min_norm float32": lambda s: min_norm(s["K"], config),
         "min_norm float64": lambda s: min_norm(s["K"], high),
     }
@@ -123,7 +127,7 @@ def phases(config: cl.ChenLiConfig, heads: int) -> dict:
         for name, c in (("float32", config), ("float64", high)):
             c = dataclasses.replace(c, span_method=method)
             out[f"{method} {name}"] = lambda s, c=c: span_phase(
-                s["k"], s["K"], heads, c, s["point"]
+                s["k"], s["K"], heads, c, s["point"], s["bodies"]
             )
     out["tilt"] = lambda s: tilt(s["p"], s["K"], s["token"], s["theta"])
     out["search"] = lambda s: search_phase(s["k"], s["p"], s["basis"], s["point"], s["K"], config)
@@ -150,6 +154,7 @@ def main() -> None:
         state = {"k": k, "p": problem, "theta": teacher.theta}
         state["S"] = timed["sum_w"](state)
         state["K"] = timed["certify"](state)
+        state["bodies"] = timed["head bodies"](state)
         state["token"] = certified_token(problem, state["S"], config)
         state["point"] = timed["min_norm float32"](state)
         state["basis"], _ = timed["subsets float32"](state)
@@ -162,8 +167,11 @@ def main() -> None:
     rows = [{"phase": name, **shape, "seconds": s} for name, s in seconds.items()]
     print(f"machine: {machine()}, jax {jax.__version__}; {shape}, dim 8, tokens 4")
     print(table(rows, ["phase", "seconds"]))
+    # the span phase: every method's queries, the shared min-norm point and the heads' bodies
+    shared = seconds["head bodies"]
     span32 = sum(seconds[f"{m} float32"] for m in cl.SPAN_METHODS) + seconds["min_norm float32"]
     span64 = sum(seconds[f"{m} float64"] for m in cl.SPAN_METHODS) + seconds["min_norm float64"]
+    span32, span64 = span32 + shared, span64 + shared
     print(
         f"ΣW refinement: {seconds['sum_w_sorted'] / seconds['sum_w']:.2f}× faster than sorted; "
         f"span phase with every method (one min-norm point): {span32:.2f} s in float32, "

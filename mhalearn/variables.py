@@ -142,6 +142,11 @@ VARIABLES: dict[str, Meta] = {
     "info_rows_certified": Meta(
         "certified rows", "Output rows certified as all heads attending one token value."
     ),
+    "info_rows_certified_heads": Meta(
+        "rows certified head by head",
+        "Output rows certified as each head attending one token (the heads' tokens alike or "
+        "not), from each head's estimated values: the rows of the heads' own bodies K_i.",
+    ),
     "info_constraints_kept": Meta(
         "constraints in K", "Linear constraints of the polyhedron K kept from certified rows."
     ),
@@ -171,6 +176,12 @@ VARIABLES: dict[str, Meta] = {
     "refined_sum_w_error": Meta(
         "relative error of the refined ΣW",
         "‖S − ΣW‖_F / ‖ΣW‖_F of the least-squares refit on certified rows (phase 3).",
+        _REL,
+    ),
+    "values_error": Meta(
+        "largest relative error of a head's estimated values",
+        "max over heads of ‖Ŵ_i − W_i‖_F / ‖W_i‖_F of the per-head values fitted for the "
+        "heads' own bodies, the heads paired on the values alone.",
         _REL,
     ),
     "certified_sound": Meta(

@@ -111,9 +111,19 @@ def certify_phase(key, problem, S, config):
 
 
 @eqx.filter_jit
-def span_phase(key, K, heads, config, point=None):
-    """Phase 4: (span basis, K's min-norm point), the point computed when not given."""
-    return cl.span_estimate(key, K, heads, config, point)
+def span_phase(key, K, heads, config, point=None, bodies=None):
+    """Phase 4: (span basis, K's min-norm point), the point computed when not given
+    (``bodies``: the heads' own bodies, for the ``"heads"`` method)."""
+    return cl.span_estimate(key, K, heads, config, point, bodies)
+
+
+@eqx.filter_jit
+def head_bodies_phase(key, problem, S, heads, config):
+    """The ``"heads"`` method's own phase: each head's values, its certified rows and its
+    body K_i (as :meth:`~mhalearn.learners.chen_li.ChenLiConfig.fit` draws them)."""
+    X, Y = problem.X, problem.Y
+    values, _ = cl.head_values(jax.random.fold_in(key, 1), X, Y, S, heads, config)
+    return cl.head_bodies(key, X, cl.certify_values(X, Y, values, config), config)
 
 
 @eqx.filter_jit
@@ -274,6 +284,8 @@ class Sculpt(Study):
         largest); ``onset_span_<method>`` likewise for every span method."""
         samples = ds["samples"].values
         for name, criterion in ONSETS.items():
+            if criterion.variable not in ds:  # a span method this Dataset predates
+                continue
             value = criterion.value(ds).values
             ds[f"onset_{name}"] = (("heads", "beta"), onset(value, samples, criterion.holds))
         return ds

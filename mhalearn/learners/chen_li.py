@@ -37,11 +37,13 @@ against the truth by the task (:func:`mhalearn.metrics.recovery.estimate_errors`
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
 from mhalearn import draws
@@ -76,7 +78,9 @@ class ChenLiConfig(eqx.Module):
     angle to the span resolves.
     ``search_samples`` (``None``: all) limits phase 5 — the search, its least squares and the
     certificate's fit check — to the first that many samples: the convex phases need many
-    samples, a local search few, and its cost grows with them."""
+    samples, a local search few, and its cost grows with them.
+    ``values_restarts``, ``values_samples`` (``None``: all) and ``values_rounds`` set the
+    per-head values' fit of the ``"heads"`` span method (:func:`head_values`)."""
 
     delta: float | Array = 0.1
     refit_rounds: int = eqx.field(static=True, default=30)
@@ -103,6 +107,9 @@ class ChenLiConfig(eqx.Module):
     mode: str = eqx.field(static=True, default="polished")
     span_report: tuple[str, ...] = eqx.field(static=True, default=())
     search_samples: int | None = eqx.field(static=True, default=None)
+    values_restarts: int = eqx.field(static=True, default=4)
+    values_samples: int | None = eqx.field(static=True, default=30_000)
+    values_rounds: int = eqx.field(static=True, default=60)
 
     def __check_init__(self):
         in_range("delta", self.delta, 0.0, 0.5, open_low=True)
@@ -113,6 +120,8 @@ class ChenLiConfig(eqx.Module):
             "qp_iterations",
             "candidates",
             "slice_constraints",
+            "values_restarts",
+            "values_rounds",
         )
         for name in names:
             positive_int(name, getattr(self, name))
@@ -122,8 +131,9 @@ class ChenLiConfig(eqx.Module):
             choice("qp_products", self.qp_products, ("float32",))
         if self.span_queries is not None:
             positive_int("span_queries", self.span_queries)
-        if self.search_samples is not None:
-            positive_int("search_samples", self.search_samples)
+        for name in ("search_samples", "values_samples"):
+            if getattr(self, name) is not None:
+                positive_int(name, getattr(self, name))
         in_range("sample_radius", self.sample_radius, 2.0, open_low=True)
         in_range("slice_radius", self.slice_radius, 0.0, open_low=True)
         for method in self.span_report:
@@ -151,11 +161,24 @@ class ChenLiConfig(eqx.Module):
         cert = certify(X, Y, S, self)
         K = constraints(k_dedup, X, cert, self)
         full = k_min_norm_point(K, self)  # every method's queries start from it
+        methods = dict.fromkeys((self.span_method, *self.span_report))
+        heads_info, heads_estimates, bodies = {}, {}, None
+        if "heads" in methods:  # each head's values, rows and body (our extension)
+            values, _ = head_values(jax.random.fold_in(k_refit, 1), X, Y, S, problem.heads, self)
+            head_cert = certify_values(X, Y, values, self)
+            bodies = head_bodies(k_dedup, X, head_cert, self)
+            heads_info = {"rows_certified_heads": jnp.sum(head_cert.certified)}
+            heads_estimates = {"values": values}
         spans = {
             method: span_estimate(
-                k_span, K, problem.heads, dataclasses.replace(self, span_method=method), full
+                k_span,
+                K,
+                problem.heads,
+                dataclasses.replace(self, span_method=method),
+                full,
+                bodies,
             )
-            for method in dict.fromkeys((self.span_method, *self.span_report))
+            for method in methods
         }
         basis, point = spans[self.span_method]
         compared = {f"span_{method}": spans[method][0] for method in self.span_report}
@@ -169,6 +192,7 @@ class ChenLiConfig(eqx.Module):
             "candidate_cost": cand.cost,
             "candidates_accepted": cand.accepted_count,
             "accepted": cand.accepted,
+            **heads_info,
         }
         estimates = {
             "crude_sum_w": S0,
@@ -180,6 +204,7 @@ class ChenLiConfig(eqx.Module):
             "min_norm_point": point,
             "span": basis,
             **compared,
+            **heads_estimates,
         }
         params = LayerParams(theta=cand.theta, W=cand.W)
         return fit_from_history(
@@ -200,6 +225,42 @@ def crude_sum_w(
 # ---- phase 2 -------------------------------------------------------------------------------
 
 
+def assignments(tokens: int, heads: int) -> np.ndarray:
+    """Every way of giving each head one token: (tokens**heads, heads), the last head's token
+    varying fastest."""
+    return np.array(list(itertools.product(range(tokens), repeat=heads)), np.int32)
+
+
+def value_matches(
+    X: Float[Array, "samples tokens dim"],
+    Y: Float[Array, "samples tokens dim"],
+    W: Float[Array, "heads dim dim"],
+) -> tuple[
+    Int[Array, "samples tokens heads"],
+    Float[Array, "samples tokens"],
+    Float[Array, "samples tokens"],
+]:
+    """For each output row a: the tokens (b_1, …, b_m) — one per head — minimising
+    ‖Y_a − Σ_i x_{b_i}ᵀ W_i‖ (the row when head i attends to b_i alone), that residual, and the
+    gap to the best assignment of different token *values* (some head's token of another
+    value; inf when there is none). With one "head" W = ΣW this is :func:`row_matches`."""
+    T = X.shape[1]
+    m = W.shape[0]
+    ways = assignments(T, m)
+    pred = sum((X @ W[i])[:, ways[:, i]] for i in range(m))  # (samples, ways, dim)
+    dist = jnp.linalg.norm(Y[:, :, None, :] - pred[:, None, :, :], axis=-1)  # (n, a, ways)
+    best = jnp.argmin(dist, axis=-1)
+    best_dist = jnp.min(dist, axis=-1)
+    tokens = jnp.asarray(ways)[best]  # (n, a, heads)
+    same = same_token(X)  # (n, b, c)
+    alike = jnp.ones(dist.shape, bool)  # the assignment gives every head a token of its value
+    for i in range(m):
+        as_best = jnp.take_along_axis(same, tokens[..., i, None], axis=1)  # (n, a, c)
+        alike = alike & as_best[..., ways[:, i]]
+    other = jnp.min(jnp.where(alike, jnp.inf, dist), axis=-1)
+    return tokens, best_dist, other - best_dist
+
+
 def row_matches(
     X: Float[Array, "samples tokens dim"],
     Y: Float[Array, "samples tokens dim"],
@@ -209,14 +270,8 @@ def row_matches(
 ]:
     """For each output row a: the token b minimising ‖Y_a − x_bᵀS‖, that residual, and the gap
     to the best token of a *different value* (inf when every token has the same value)."""
-    pred = X @ S  # (samples, tokens b, dim)
-    dist = jnp.linalg.norm(Y[:, :, None, :] - pred[:, None, :, :], axis=-1)  # (n, a, b)
-    best = jnp.argmin(dist, axis=-1)
-    best_dist = jnp.min(dist, axis=-1)
-    same = same_token(X)  # (n, b, c)
-    same_as_best = jnp.take_along_axis(same, best[:, :, None], axis=1)  # (n, a, c)
-    other = jnp.min(jnp.where(same_as_best, jnp.inf, dist), axis=-1)
-    return best, best_dist, other - best_dist
+    tokens, res, gap = value_matches(X, Y, S[None])
+    return tokens[..., 0], res, gap
 
 
 def row_scale(S: Float[Array, "dim dim"]) -> Float[Array, ""]:
@@ -260,9 +315,48 @@ def order_code(x: Float[Array, " n"]) -> Array:
     return jnp.where(jnp.isnan(x), ~unsigned(0), code)
 
 
-#: a refinement round solves for ΣW only when its kept tokens' Gram matrix has its smallest
-#: eigenvalue above this share of its mean eigenvalue
+#: a refinement round solves for the values only when its kept tokens' Gram matrix has its
+#: smallest eigenvalue above this share of its mean eigenvalue
 DETERMINED = 1e-6
+
+
+def refine_values(
+    X: Float[Array, "samples tokens dim"],
+    Y: Float[Array, "samples tokens dim"],
+    W0: Float[Array, "heads dim dim"],
+    config: ChenLiConfig,
+    rounds: int | None = None,
+) -> tuple[Float[Array, "heads dim dim"], Float[Array, "rounds heads dim dim"]]:
+    """Alternate matching rows to token assignments (:func:`value_matches`) and least squares
+    for every W_i at once, Y_a ≈ Σ_i x_{b_i}ᵀ W_i, on the best-matching share of rows, that
+    share shrinking geometrically from ``quantile_start`` to ``quantile_end`` over ``rounds``
+    rounds (``None``: ``refit_rounds``). With one head
+    (W0 = ΣW) this is :func:`refine_sum_w`. A round whose kept rows' tokens do not determine
+    the values (their Gram matrix's smallest eigenvalue below :data:`DETERMINED` times its
+    mean) leaves them unchanged: the rows of smallest residual can be a skewed few — at one
+    head and β 8 the 60 rows the last round kept spanned 5 of 8 dimensions, and their least
+    squares left even the true ΣW for one with relative error 0.65. Returns the final values
+    and the estimate after each round."""
+    rounds = config.refit_rounds if rounds is None else rounds
+    ratio = jnp.asarray(config.quantile_end / config.quantile_start)
+    shares = config.quantile_start * ratio ** (jnp.arange(rounds) / max(rounds - 1, 1))
+    m, d = W0.shape[0], X.shape[-1]
+
+    def round_(W, share):
+        tokens, res, _ = value_matches(X, Y, W)
+        keep = smallest_share(res, share).astype(X.dtype)  # (n, a)
+        # the matched tokens, head after head: (n, a, heads·dim)
+        xb = jnp.concatenate(
+            [jnp.take_along_axis(X, tokens[..., i, None], axis=1) for i in range(m)], axis=-1
+        )
+        rows = (keep[..., None] * xb).reshape(-1, xb.shape[-1])  # (n·a, heads·dim), 0 if not kept
+        gram = rows.T @ xb.reshape(rows.shape)  # two plain products: ~4× faster than the
+        rhs = rows.T @ Y.reshape(-1, d)  # einsum over (n, a) at N = 10⁵
+        determined = eigenvalues(gram)[0] > DETERMINED * jnp.trace(gram) / gram.shape[0]
+        W = jnp.where(determined, ridge_solve(gram, rhs, 1e-9).reshape(W.shape), W)
+        return W, W
+
+    return jax.lax.scan(round_, W0, shares)
 
 
 def refine_sum_w(
@@ -271,36 +365,35 @@ def refine_sum_w(
     S0: Float[Array, "dim dim"],
     config: ChenLiConfig,
 ) -> tuple[Float[Array, "dim dim"], Float[Array, "rounds dim dim"]]:
-    """Alternate matching rows to tokens and least squares for ΣW on the best-matching share
-    of rows, that share shrinking geometrically from ``quantile_start`` to ``quantile_end``.
-    A round whose kept rows' tokens do not determine ΣW (their Gram matrix's smallest
-    eigenvalue below :data:`DETERMINED` times its mean) leaves it unchanged: the rows of
-    smallest residual can be a skewed few — at one head and β 8 the 60 rows the last round
-    kept spanned 5 of 8 dimensions, and their least squares left even the true ΣW for one with
-    relative error 0.65. Returns the final ΣW and the estimate after each round."""
-    rounds = config.refit_rounds
-    ratio = jnp.asarray(config.quantile_end / config.quantile_start)
-    shares = config.quantile_start * ratio ** (jnp.arange(rounds) / max(rounds - 1, 1))
-
-    def round_(S, share):
-        best, res, _ = row_matches(X, Y, S)
-        keep = smallest_share(res, share).astype(X.dtype)  # (n, a)
-        xb = jnp.take_along_axis(X, best[..., None], axis=1)  # (n, a, dim): the matched tokens
-        rows = (keep[..., None] * xb).reshape(-1, xb.shape[-1])  # (n·a, dim), 0 if not kept
-        gram = rows.T @ xb.reshape(rows.shape)  # two plain products: ~4× faster than the
-        rhs = rows.T @ Y.reshape(rows.shape)  # einsum over (n, a) at N = 10⁵
-        determined = eigenvalues(gram)[0] > DETERMINED * jnp.trace(gram) / S.shape[0]
-        S = jnp.where(determined, ridge_solve(gram, rhs, 1e-9), S)
-        return S, S
-
-    return jax.lax.scan(round_, S0, shares)
+    """ΣW refitted on the rows where every head attends to one token: :func:`refine_values`
+    with the heads taken as one. Returns the final ΣW and the estimate after each round."""
+    S, history = refine_values(X, Y, S0[None], config)
+    return S[0], history[:, 0]
 
 
-def trimmed_residual(X, Y, S, share) -> Float[Array, ""]:
-    """Mean residual of the best-matching ``share`` of rows, relative to √dim·‖S‖₂."""
-    _, res, _ = row_matches(X, Y, S)
+def trimmed_residual(X, Y, W, share) -> Float[Array, ""]:
+    """Mean residual of the best-matching ``share`` of rows (assignments of the values ``W``,
+    heads × dim × dim, or ΣW alone), relative to √dim·‖ΣW‖₂."""
+    W = W if W.ndim == 3 else W[None]
+    _, res, _ = value_matches(X, Y, W)
     keep = smallest_share(res, share)
-    return jnp.sum(jnp.where(keep, res, 0.0)) / jnp.maximum(jnp.sum(keep), 1) / row_scale(S)
+    return jnp.sum(jnp.where(keep, res, 0.0)) / jnp.maximum(jnp.sum(keep), 1) / row_scale(W.sum(0))
+
+
+def refine_values_restarts(
+    X: Float[Array, "samples tokens dim"],
+    Y: Float[Array, "samples tokens dim"],
+    starts: Float[Array, "restarts heads dim dim"],
+    config: ChenLiConfig,
+    rounds: int | None = None,
+) -> tuple[Float[Array, "heads dim dim"], Float[Array, " restarts"]]:
+    """:func:`refine_values` (``rounds`` rounds) from each start; keeps the estimate with the
+    lowest trimmed residual (the refinement can stall at a wrong fixed point; a NaN score
+    ranks last). Returns it and every start's score."""
+    # one after another: vmapped, the rounds' products became batched ones, slower on CPU
+    finals = jax.lax.map(lambda w: refine_values(X, Y, w, config, rounds)[0], starts)
+    scores = jax.lax.map(lambda w: trimmed_residual(X, Y, w, config.quantile_end), finals)
+    return finals[jnp.argmin(nan_last(scores))], scores
 
 
 def refine_sum_w_restarts(
@@ -311,21 +404,59 @@ def refine_sum_w_restarts(
     config: ChenLiConfig,
 ) -> tuple[Float[Array, "dim dim"], Float[Array, " restarts"]]:
     """:func:`refine_sum_w` from S0 and from ``refit_restarts − 1`` perturbations of it
-    (relative size ``refit_noise``); keeps the estimate with the lowest trimmed residual (the
-    refinement can stall at a wrong fixed point; a NaN score ranks last). Returns it and every
-    start's score."""
+    (relative size ``refit_noise``), the best kept (:func:`refine_values_restarts`). Returns
+    it and every start's score."""
     noise = draws.normal(key, (config.refit_restarts - 1, *S0.shape), S0.dtype)
     size = jnp.linalg.norm(S0) / S0.shape[0]
     starts = jnp.concatenate([S0[None], S0 + config.refit_noise * size * noise])
-    # one after another: vmapped, the rounds' products became batched ones, slower on CPU
-    finals = jax.lax.map(lambda s: refine_sum_w(X, Y, s, config)[0], starts)
-    scores = jax.lax.map(lambda s: trimmed_residual(X, Y, s, config.quantile_end), finals)
-    return finals[jnp.argmin(nan_last(scores))], scores
+    best, scores = refine_values_restarts(X, Y, starts[:, None], config)
+    return best[0], scores
+
+
+def head_values(
+    key: PRNGKeyArray,
+    X: Float[Array, "samples tokens dim"],
+    Y: Float[Array, "samples tokens dim"],
+    S: Float[Array, "dim dim"],
+    heads: int,
+    config: ChenLiConfig,
+) -> tuple[Float[Array, "heads dim dim"], Float[Array, " restarts"]]:
+    """Each head's values W_i from the refined ΣW (our extension of the outline, for the
+    ``"heads"`` span method): :func:`refine_values_restarts` (``values_rounds`` rounds) on the
+    first ``values_samples`` samples from ``values_restarts`` starts ΣW/m + noise of relative
+    size ``refit_noise`` (ΣW/m itself gives every head the same values, where every
+    assignment ties). The rows it fits are those where each head attends to one token, the
+    heads to different tokens or the same: ΣW's refinement with the consensus rows joined by
+    the split ones. Returns the values (in an arbitrary order of the heads) and every
+    start's score."""
+    d = S.shape[0]
+    noise = draws.normal(key, (config.values_restarts, heads, d, d), S.dtype)
+    size = jnp.linalg.norm(S) / d
+    starts = S / heads + config.refit_noise * size * noise
+    first = X.shape[0] if config.values_samples is None else config.values_samples
+    return refine_values_restarts(X[:first], Y[:first], starts, config, config.values_rounds)
 
 
 class Certificate(eqx.Module):
     certified: Bool[Array, "samples tokens"]  # row a of sample n is certified
-    token: Int[Array, "samples tokens"]  # the token every head attends to there
+    # the token every head attends to there, or (``certify_values``) each head's token
+    token: Int[Array, "samples tokens *heads"]
+
+
+def certify_values(
+    X: Float[Array, "samples tokens dim"],
+    Y: Float[Array, "samples tokens dim"],
+    W: Float[Array, "heads dim dim"],
+    config: ChenLiConfig,
+) -> Certificate:
+    """Rows whose output is Σ_i x_{b_i}ᵀW_i within ``certify_tol``·scale, with a gap of at
+    least ``certify_gap``·scale to every assignment of other token values (scale =
+    √dim·‖ΣW‖₂): each head i puts ≥ 1 − δ of the row on its own token b_i (``token``: the
+    b_i, last axis the heads)."""
+    tokens, res, gap = value_matches(X, Y, W)
+    scale = row_scale(W.sum(0))
+    ok = (res <= config.certify_tol * scale) & (gap >= config.certify_gap * scale)
+    return Certificate(certified=ok, token=tokens)
 
 
 def certify(
@@ -335,11 +466,10 @@ def certify(
     config: ChenLiConfig,
 ) -> Certificate:
     """Rows whose output is x_bᵀS within ``certify_tol``·scale, with a gap of at least
-    ``certify_gap``·scale to every other token value (scale = √dim·‖S‖₂)."""
-    best, res, gap = row_matches(X, Y, S)
-    scale = row_scale(S)
-    ok = (res <= config.certify_tol * scale) & (gap >= config.certify_gap * scale)
-    return Certificate(certified=ok, token=best)
+    ``certify_gap``·scale to every other token value (scale = √dim·‖S‖₂): every head puts
+    ≥ 1 − δ of the row on b (:func:`certify_values` with the heads taken as one)."""
+    cert = certify_values(X, Y, S[None], config)
+    return Certificate(certified=cert.certified, token=cert.token[..., 0])
 
 
 # ---- phase 3 -------------------------------------------------------------------------------
@@ -386,14 +516,36 @@ def constraints(
     return Constraints(G=G, valid=valid, bound=jnp.asarray(bound, G.dtype), rows=used)
 
 
+def head_bodies(
+    key: PRNGKeyArray,
+    X: Float[Array, "samples tokens dim"],
+    cert: Certificate,
+    config: ChenLiConfig,
+) -> Constraints:
+    """One polyhedron K_i per head (stacked on a leading axis), from rows certified by
+    :func:`certify_values`: ⟨Θ_i, x_a(x_{b_i} − x_c)ᵀ⟩ ≥ log((1−δ)/δ) for head i's own token
+    b_i (:func:`constraints` for each head). K_i holds Θ_i alone — where K's constraints,
+    valid for every head, come from the consensus rows only."""
+    tokens = jnp.moveaxis(cert.token, -1, 0)  # (heads, samples, tokens)
+    return jax.vmap(lambda t: constraints(key, X, Certificate(cert.certified, t), config))(tokens)
+
+
 # ---- phase 4 -------------------------------------------------------------------------------
 
 #: the span phase's methods (:func:`span_estimate`), each a way of querying the convex body K
-SPAN_METHODS = ("subsets", "recession", "peel", "samples", "slice")
+SPAN_METHODS = ("subsets", "recession", "peel", "samples", "slice", "heads")
 
 #: queries per method when ``span_queries`` is not given: QPs for "subsets" and "peel",
-#: projections for "recession" and "slice", hit-and-run steps for "samples"
-DEFAULT_QUERIES = {"subsets": 4, "recession": 64, "peel": 8, "samples": 4096, "slice": 256}
+#: projections for "recession" and "slice", hit-and-run steps for "samples"; "heads" makes one
+#: query (a min-norm point) to each head's own body
+DEFAULT_QUERIES = {
+    "subsets": 4,
+    "recession": 64,
+    "peel": 8,
+    "samples": 4096,
+    "slice": 256,
+    "heads": 1,
+}
 
 
 def _dual(G, valid, linear, iterations):
@@ -533,6 +685,7 @@ def span_estimate(
     heads: int,
     config: ChenLiConfig,
     point: Float[Array, " params"] | None = None,
+    bodies: Constraints | None = None,
 ) -> tuple[Float[Array, "heads params"], Float[Array, " params"]]:
     """An estimate of span{Θ_i} by queries to K, the method ``config.span_method``; returns
     (orthonormal rows, K's min-norm point p). Every method takes the top ``heads`` principal
@@ -558,7 +711,17 @@ def span_estimate(
       some certified row's score difference reaches 0 (a width that more rows do not remove:
       certified margins are at least about log((1−δ)/δ), of order 1/β in units of ‖Θ_i‖):
       that polytope's own extent is what principal directions about the mean see first. The
-      angle of p itself to the span then bounds the estimate's.
+      angle of p itself to the span then bounds the estimate's;
+    - ``"heads"``: the min-norm points p_i of the heads' own bodies K_i (``bodies``:
+      :func:`head_bodies`, from the rows :func:`certify_values` certifies with each head's
+      values from :func:`head_values` — our extension of the outline). A row on which the
+      heads attend sharply to *different* tokens (Y_a = Σ_i x_{b_i}ᵀW_i) is no consensus row,
+      so K never sees it; with each head's values known it certifies every head's own token,
+      and K_i, which holds Θ_i alone, has no other head to stretch towards: each p_i is a
+      one-head problem's min-norm point, and span{p_i} the estimate. At two heads and β 4
+      split rows are as common as consensus ones or more (``rows_certified_heads`` against
+      ``rows_certified``), and K_i's min-norm point need not share the bias by which K's
+      sits off the span (the ``sculpt`` study measures both).
 
     A single point of K can sit as far off the span as K's own resolution at the heads — how
     far a head can turn away from the span and still satisfy every constraint
@@ -580,14 +743,19 @@ def span_estimate(
     method reaches the span at which N is measured by the ``sculpt`` study.
 
     ``point``: p when already known (:func:`k_min_norm_point`; several methods on one K share
-    it). The queries run in ``config.qp_products``; the results come back in K's precision."""
+    it). The queries run in ``config.qp_products``; the results come back in K's precision.
+    ``bodies``: the heads' own bodies (:func:`head_bodies`), which ``"heads"`` needs."""
     queries = config.span_queries or DEFAULT_QUERIES[config.span_method]
     its = config.qp_iterations
     dtype = K.G.dtype
     full = (k_min_norm_point(K, config) if point is None else point).astype(dtype)
     K = qp_body(K, config)
     low_p = full.astype(K.G.dtype)
-    if config.span_method == "subsets":
+    if config.span_method == "heads":
+        if bodies is None:
+            raise ValueError('span_method "heads": give the heads\' own bodies (head_bodies)')
+        points = jax.vmap(lambda B: k_min_norm_point(B, config))(bodies)
+    elif config.span_method == "subsets":
         keep = draws.bernoulli(key, config.subset_fraction, (queries, K.valid.shape[0]))
         subsets = jax.vmap(lambda m: min_norm_point(K.G, K.valid & m, K.bound, its))(keep)
         points = jnp.concatenate([low_p[None], subsets])

@@ -232,6 +232,9 @@ def estimate_errors(
     - ``span`` (rows spanning an estimate of span{Θ_i}) → ``span_angle_estimate``: the largest
       principal angle from span{Θ_i} to it; likewise ``span_<method>`` → ``span_angle_<method>``
       (further estimates reported beside the one used);
+    - ``values`` (each head's W_i, in any order of the heads) → ``values_error``: the largest
+      relative Frobenius error of a head's values, the heads paired by :func:`match_heads` on
+      the values alone;
     - ``min_norm_point`` (a flattened Θ) → ``min_norm_in_span``: the share of its norm inside
       span{Θ_i};
     - ``certified``, ``certified_token``, ``certified_delta`` (certified rows) →
@@ -254,6 +257,11 @@ def estimate_errors(
             out["span_angle_estimate"] = largest_principal_angle(flat, value)
         elif name.startswith("span_"):
             out[f"span_angle_{name[5:]}"] = largest_principal_angle(flat, value)
+    if "values" in estimates:
+        values = estimates["values"]
+        alone = lambda W: LayerParams(theta=jnp.zeros_like(W), W=W)  # noqa: E731
+        est, true = match_heads(alone(values), alone(teacher.W))
+        out["values_error"] = jnp.max(relative_errors(values[est], teacher.W[true]))
     if "min_norm_point" in estimates:
         point = estimates["min_norm_point"]
         inside = flat.T @ jnp.linalg.lstsq(flat.T, point)[0]

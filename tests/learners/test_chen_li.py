@@ -46,6 +46,73 @@ def test_row_matches_equal_loop_reference(rng):
         assert gap[n, a] == pytest.approx(min(others) - dist[b] if others else np.inf)
 
 
+def test_value_matches_equal_loop_reference(rng):
+    # two heads, dim 2 and 3 tokens: repeated token values are common
+    X = rng.choice([-1.0, 1.0], size=(5, 3, 2))
+    W = rng.standard_normal((2, 2, 2))
+    Y = rng.standard_normal((5, 3, 2))
+    tokens, res, gap = cl.value_matches(X, Y, W)
+    for n, a in itertools.product(range(5), range(3)):
+        ways = list(itertools.product(range(3), repeat=2))
+        dist = [np.linalg.norm(Y[n, a] - X[n, b] @ W[0] - X[n, c] @ W[1]) for b, c in ways]
+        b, c = ways[int(np.argmin(dist))]
+        differ = [
+            dist[k]
+            for k, (e, f) in enumerate(ways)
+            if not (np.array_equal(X[n, e], X[n, b]) and np.array_equal(X[n, f], X[n, c]))
+        ]
+        assert tuple(np.asarray(tokens[n, a])) == (b, c)
+        assert res[n, a] == pytest.approx(min(dist))
+        assert gap[n, a] == pytest.approx(min(differ) - min(dist) if differ else np.inf)
+
+
+def test_head_certificates_are_sound_and_each_body_holds_its_head():
+    # with the true values, every row certified head by head really has each head i on its own
+    # token b_i, and head i satisfies every constraint of its body K_i; some certified rows
+    # split the heads over different tokens (rows K never sees)
+    for heads, beta in [(2, 8.0), (3, 8.0)]:
+        teacher, problem = teacher_problem(heads, beta)
+        cert = cl.certify_values(problem.X, problem.Y, teacher.W, CONFIG)
+        n, a = np.nonzero(np.asarray(cert.certified))
+        assert n.size > 10
+        tokens = np.asarray(cert.token)
+        assert np.any(tokens[n, a] != tokens[n, a, :1])
+        A = jax.vmap(mh.attention_weights, in_axes=(0, None))(problem.X, teacher.theta)
+        for i, j in zip(n, a, strict=True):
+            for h in range(heads):
+                same = np.all(problem.X[i] == problem.X[i, tokens[i, j, h]], axis=-1)
+                assert A[i, h, j][same].sum() >= 1 - CONFIG.delta
+        bodies = cl.head_bodies(jax.random.key(0), problem.X, cert, CONFIG)
+        assert bodies.G.shape[0] == heads
+        for h in range(heads):
+            body = jax.tree.map(lambda v, h=h: v[h], bodies)
+            assert int(body.valid.sum()) > 0
+            assert bool(cl.satisfies(body, teacher.theta[h : h + 1], 1e-9))
+
+
+def test_head_values_recover_each_heads_values():
+    # (dim, tokens, heads, β, samples) = (8, 4, 2, 8, 3000), key 0: from the refined ΣW and
+    # random starts about ΣW/2, each head's values to 1e-3 (the heads in either order)
+    teacher, problem = teacher_problem(2, beta=8.0, samples=3000)
+    S, _ = cl.refine_sum_w_restarts(
+        jax.random.key(1), problem.X, problem.Y, cl.crude_sum_w(problem.X, problem.Y), CONFIG
+    )
+    W, scores = cl.head_values(jax.random.key(2), problem.X, problem.Y, S, 2, CONFIG)
+    assert scores.shape == (CONFIG.values_restarts,)
+    errors = mh.metrics.recovery.estimate_errors({"values": W}, teacher, problem.X)
+    assert float(errors["values_error"]) < 1e-3
+    swapped = mh.metrics.recovery.estimate_errors({"values": W[::-1]}, teacher, problem.X)
+    assert float(swapped["values_error"]) == float(errors["values_error"])
+
+
+def test_heads_span_method_needs_the_heads_bodies():
+    teacher, problem = teacher_problem(2, beta=8.0, samples=500)
+    cert = cl.certify(problem.X, problem.Y, teacher.W.sum(0), CONFIG)
+    K = cl.constraints(jax.random.key(0), problem.X, cert, CONFIG)
+    with pytest.raises(ValueError, match="heads"):
+        cl.span_estimate(jax.random.key(1), K, 2, cl.ChenLiConfig(span_method="heads"))
+
+
 def test_certification_is_sound():
     # with the true ΣW, every certified row really has every head on the certified token
     for heads, beta in [(1, 4.0), (2, 8.0), (3, 8.0)]:
@@ -257,10 +324,10 @@ def test_refinement_restarts_never_keep_a_nan_start(monkeypatch):
     _, problem = teacher_problem(2, samples=200)
     S0 = cl.crude_sum_w(problem.X, problem.Y)
 
-    def fake(X, Y, s, config):
-        return jnp.where(jnp.all(s == S0), jnp.nan, s), None
+    def fake(X, Y, w, config, rounds=None):
+        return jnp.where(jnp.all(w == S0), jnp.nan, w), None
 
-    monkeypatch.setattr(cl, "refine_sum_w", fake)
+    monkeypatch.setattr(cl, "refine_values", fake)
     best, scores = cl.refine_sum_w_restarts(jax.random.key(0), problem.X, problem.Y, S0, CONFIG)
     assert np.isnan(scores[0]) and np.all(np.isfinite(scores[1:]))
     assert np.all(np.isfinite(best))
@@ -403,13 +470,17 @@ def test_float32_span_queries_agree_with_float64(method):
     K = cl.constraints(jax.random.key(0), problem.X, cert, CONFIG)
     low = cl.ChenLiConfig(span_method=method, qp_iterations=300)
     high = dataclasses.replace(low, qp_products=None)
-    basis32, p32 = cl.span_estimate(jax.random.key(1), K, 2, low)
-    basis64, p64 = cl.span_estimate(jax.random.key(1), K, 2, high)
+    # "heads" queries the heads' own bodies (here from the true values); the others, K
+    head_cert = cl.certify_values(problem.X, problem.Y, teacher.W, CONFIG)
+    bodies = cl.head_bodies(jax.random.key(0), problem.X, head_cert, CONFIG)
+    basis32, p32 = cl.span_estimate(jax.random.key(1), K, 2, low, bodies=bodies)
+    basis64, p64 = cl.span_estimate(jax.random.key(1), K, 2, high, bodies=bodies)
     assert p32.dtype == basis32.dtype == jnp.float64
     assert float(jnp.linalg.norm(p32 - p64) / jnp.linalg.norm(p64)) < 1e-4
     if method != "samples":
         assert float(largest_principal_angle(basis64, basis32)) < 1e-3
-    given, _ = cl.span_estimate(jax.random.key(1), K, 2, low, cl.k_min_norm_point(K, low))
+    point = cl.k_min_norm_point(K, low)
+    given, _ = cl.span_estimate(jax.random.key(1), K, 2, low, point, bodies)
     np.testing.assert_array_equal(given, basis32)
 
 
