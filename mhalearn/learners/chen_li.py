@@ -17,10 +17,13 @@ per phase so that each can be studied alone, and :meth:`ChenLiConfig.fit` chains
    (a QP, solved by accelerated projected gradient on the dual, in JAX) lies mostly in
    span{Θ_i}.
 4. :func:`span_estimate` — an estimate of span{Θ_i} from queries to K (in place of the
-   paper's membership-oracle queries), by one of five methods (:data:`SPAN_METHODS`: min-norm
+   paper's membership-oracle queries), by one of six methods (:data:`SPAN_METHODS`: min-norm
    points of random sub-polyhedra, projections onto K's recession cone, peeling active faces,
-   hit-and-run samples of K ∩ ball, far points of a cross-section of the recession cone); the
-   ``sculpt`` study measures each one's angle to the truth.
+   hit-and-run samples of K ∩ ball, far points of a cross-section of the recession cone, and
+   ``"heads"``, our extension of the outline: :func:`head_values`, :func:`certify_values` and
+   :func:`head_bodies` fit each head's values, certify rows head by head — those where the
+   heads attend to different tokens too — and build one body K_i per head, whose min-norm
+   points span the estimate); the ``sculpt`` study measures each one's angle to the truth.
 5. :func:`search_in_span` — random restarts of variable projection restricted to that span (in
    place of the paper's net over m×m coefficients), W by least squares, and — in the default
    ``"polished"`` mode — a joint polish of all of Θ, which does the fitting at m ≥ 2 when the
