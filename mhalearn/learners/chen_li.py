@@ -333,12 +333,12 @@ def refine_values(
     """Alternate matching rows to token assignments (:func:`value_matches`) and least squares
     for every W_i at once, Y_a ≈ Σ_i x_{b_i}ᵀ W_i, on the best-matching share of rows, that
     share shrinking geometrically from ``quantile_start`` to ``quantile_end`` over ``rounds``
-    rounds (``None``: ``refit_rounds``). With one head
-    (W0 = ΣW) this is :func:`refine_sum_w`. A round whose kept rows' tokens do not determine
-    the values (their Gram matrix's smallest eigenvalue below :data:`DETERMINED` times its
-    mean) leaves them unchanged: the rows of smallest residual can be a skewed few — at one
-    head and β 8 the 60 rows the last round kept spanned 5 of 8 dimensions, and their least
-    squares left even the true ΣW for one with relative error 0.65. Returns the final values
+    rounds (``None``: ``refit_rounds``). With one head (W0 = ΣW) this is
+    :func:`refine_sum_w`. A round whose kept rows' tokens do not determine the values (their
+    Gram matrix's smallest eigenvalue below :data:`DETERMINED` times its mean) leaves them
+    unchanged: the rows of smallest residual can be a skewed few — at one head and β 8 the 60
+    rows the last round kept spanned 5 of 8 dimensions, and their least squares left even the
+    true ΣW for one with relative error 0.65. Returns the final values
     and the estimate after each round."""
     rounds = config.refit_rounds if rounds is None else rounds
     ratio = jnp.asarray(config.quantile_end / config.quantile_start)
