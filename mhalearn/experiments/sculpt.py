@@ -121,9 +121,7 @@ def span_phase(key, K, heads, config, point=None, bodies=None):
 def head_bodies_phase(key, problem, S, heads, config):
     """The ``"heads"`` method's own phase: each head's values, its certified rows and its
     body K_i (as :meth:`~mhalearn.learners.chen_li.ChenLiConfig.fit` draws them)."""
-    X, Y = problem.X, problem.Y
-    values, _ = cl.head_values(jax.random.fold_in(key, 1), X, Y, S, heads, config)
-    return cl.head_bodies(key, X, cl.certify_values(X, Y, values, config), config)
+    return cl.heads_phase(key, key, problem.X, problem.Y, S, heads, config)[2]
 
 
 @eqx.filter_jit

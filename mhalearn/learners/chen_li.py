@@ -167,9 +167,7 @@ class ChenLiConfig(eqx.Module):
         methods = dict.fromkeys((self.span_method, *self.span_report))
         heads_info, heads_estimates, bodies = {}, {}, None
         if "heads" in methods:  # each head's values, rows and body (our extension)
-            values, _ = head_values(jax.random.fold_in(k_refit, 1), X, Y, S, problem.heads, self)
-            head_cert = certify_values(X, Y, values, self)
-            bodies = head_bodies(k_dedup, X, head_cert, self)
+            values, head_cert, bodies = heads_phase(k_refit, k_dedup, X, Y, S, problem.heads, self)
             heads_info = {"rows_certified_heads": jnp.sum(head_cert.certified)}
             heads_estimates = {"values": values}
         spans = {
@@ -531,6 +529,24 @@ def head_bodies(
     valid for every head, come from the consensus rows only."""
     tokens = jnp.moveaxis(cert.token, -1, 0)  # (heads, samples, tokens)
     return jax.vmap(lambda t: constraints(key, X, Certificate(cert.certified, t), config))(tokens)
+
+
+def heads_phase(
+    k_refit: PRNGKeyArray,
+    k_dedup: PRNGKeyArray,
+    X: Float[Array, "samples tokens dim"],
+    Y: Float[Array, "samples tokens dim"],
+    S: Float[Array, "dim dim"],
+    heads: int,
+    config: ChenLiConfig,
+) -> tuple[Float[Array, "heads dim dim"], Certificate, Constraints]:
+    """The ``"heads"`` span method's own phase, as :meth:`ChenLiConfig.fit` runs it: each
+    head's values (:func:`head_values`, key ``fold_in(k_refit, 1)``), the rows certified head
+    by head (:func:`certify_values`) and the heads' bodies (:func:`head_bodies`, key
+    ``k_dedup``)."""
+    values, _ = head_values(jax.random.fold_in(k_refit, 1), X, Y, S, heads, config)
+    cert = certify_values(X, Y, values, config)
+    return values, cert, head_bodies(k_dedup, X, cert, config)
 
 
 # ---- phase 4 -------------------------------------------------------------------------------
