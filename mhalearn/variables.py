@@ -203,6 +203,12 @@ VARIABLES: dict[str, Meta] = {
         "1 when every true Θ_i satisfies every constraint of the polyhedron K (phase 3).",
         flag=True,
     ),
+    "truth_in_head_bodies": Meta(
+        "truth inside each head's own body",
+        "1 when every true Θ_i satisfies every constraint of the body K_i of the estimated "
+        "head it is paired with (on the values), for the heads' span methods.",
+        flag=True,
+    ),
     "k_tilt": Meta(
         "K's tilt at the heads",
         "Median over the heads and 16 fixed random directions orthogonal to span{Θ_i} of the "

@@ -17,13 +17,15 @@ per phase so that each can be studied alone, and :meth:`ChenLiConfig.fit` chains
    (a QP, solved by accelerated projected gradient on the dual, in JAX) lies mostly in
    span{Θ_i}.
 4. :func:`span_estimate` — an estimate of span{Θ_i} from queries to K (in place of the
-   paper's membership-oracle queries), by one of six methods (:data:`SPAN_METHODS`: min-norm
-   points of random sub-polyhedra, projections onto K's recession cone, peeling active faces,
-   hit-and-run samples of K ∩ ball, far points of a cross-section of the recession cone, and
-   ``"heads"``, our extension of the outline: :func:`head_values`, :func:`certify_values` and
-   :func:`head_bodies` fit each head's values, certify rows head by head — those where the
-   heads attend to different tokens too — and build one body K_i per head, whose min-norm
-   points span the estimate); the ``sculpt`` study measures each one's angle to the truth.
+   paper's membership-oracle queries), by one of seven methods (:data:`SPAN_METHODS`:
+   min-norm points of random sub-polyhedra, projections onto K's recession cone, peeling
+   active faces, hit-and-run samples of K ∩ ball, far points of a cross-section of the
+   recession cone, and ``"heads"`` and ``"heads_subsets"``, our extension of the outline:
+   :func:`head_values`, :func:`certify_values` and :func:`head_bodies` fit each head's values,
+   certify rows head by head — those where the heads attend to different tokens too — and
+   build one body K_i per head, whose min-norm points, or each K_i's ``"subsets"``
+   direction, span the estimate); the ``sculpt`` study measures each one's angle to the
+   truth.
 5. :func:`search_in_span` — random restarts of variable projection restricted to that span (in
    place of the paper's net over m×m coefficients), W by least squares, and — in the default
    ``"polished"`` mode — a joint polish of all of Θ, which does the fitting at m ≥ 2 when the
@@ -166,10 +168,14 @@ class ChenLiConfig(eqx.Module):
         full = k_min_norm_point(K, self)  # every method's queries start from it
         methods = dict.fromkeys((self.span_method, *self.span_report))
         heads_info, heads_estimates, bodies = {}, {}, None
-        if "heads" in methods:  # each head's values, rows and body (our extension)
+        if any(m in HEAD_QUERIES for m in methods):  # each head's values, rows and body
             values, head_cert, bodies = heads_phase(k_refit, k_dedup, X, Y, S, problem.heads, self)
             heads_info = {"rows_certified_heads": jnp.sum(head_cert.certified)}
-            heads_estimates = {"values": values}
+            heads_estimates = {
+                "values": values,
+                "head_rows": bodies.rows,
+                "head_token": head_cert.token,
+            }
         spans = {
             method: span_estimate(
                 k_span,
@@ -551,12 +557,17 @@ def heads_phase(
 
 # ---- phase 4 -------------------------------------------------------------------------------
 
+#: the span methods that query each head's own body K_i (:func:`head_bodies`, our extension),
+#: and the one-head method each applies to every K_i (None: K_i's min-norm point alone)
+HEAD_QUERIES = {"heads": None, "heads_subsets": "subsets"}
+
 #: the span phase's methods (:func:`span_estimate`), each a way of querying the convex body K
-SPAN_METHODS = ("subsets", "recession", "peel", "samples", "slice", "heads")
+#: (or, for those of :data:`HEAD_QUERIES`, the heads' own bodies)
+SPAN_METHODS = ("subsets", "recession", "peel", "samples", "slice", *HEAD_QUERIES)
 
 #: queries per method when ``span_queries`` is not given: QPs for "subsets" and "peel",
 #: projections for "recession" and "slice", hit-and-run steps for "samples"; "heads" makes one
-#: query (a min-norm point) to each head's own body
+#: query (a min-norm point) to each head's own body, "heads_subsets" that many QPs to each
 DEFAULT_QUERIES = {
     "subsets": 4,
     "recession": 64,
@@ -564,6 +575,7 @@ DEFAULT_QUERIES = {
     "samples": 4096,
     "slice": 256,
     "heads": 1,
+    "heads_subsets": 16,
 }
 
 
@@ -740,7 +752,13 @@ def span_estimate(
       one-head problem's min-norm point, and span{p_i} the estimate. At two heads and β 4
       split rows are as common as consensus ones or more (``rows_certified_heads`` against
       ``rows_certified``), and K_i's min-norm point need not share the bias by which K's
-      sits off the span (the ``sculpt`` study measures both).
+      sits off the span (the ``sculpt`` study measures both);
+    - ``"heads_subsets"``: ``"heads"`` with each K_i queried by ``"subsets"`` (its min-norm
+      point and those of ``span_queries`` random halves of it, from a key per head) instead
+      of its min-norm point alone: one direction per head, the top principal direction of
+      that head's points (our extension, as ``"heads"``). At one head the methods that
+      combine several points of K average some of p's error away (0.4–0.7 times K's tilt,
+      notebook 03); each K_i is a one-head body.
 
     A single point of K can sit as far off the span as K's own resolution at the heads — how
     far a head can turn away from the span and still satisfy every constraint
@@ -763,17 +781,26 @@ def span_estimate(
 
     ``point``: p when already known (:func:`k_min_norm_point`; several methods on one K share
     it). The queries run in ``config.qp_products``; the results come back in K's precision.
-    ``bodies``: the heads' own bodies (:func:`head_bodies`), which ``"heads"`` needs."""
+    ``bodies``: the heads' own bodies (:func:`head_bodies`), which the methods of
+    :data:`HEAD_QUERIES` need."""
     queries = config.span_queries or DEFAULT_QUERIES[config.span_method]
     its = config.qp_iterations
     dtype = K.G.dtype
     full = (k_min_norm_point(K, config) if point is None else point).astype(dtype)
     K = qp_body(K, config)
     low_p = full.astype(K.G.dtype)
-    if config.span_method == "heads":
+    if config.span_method in HEAD_QUERIES:
         if bodies is None:
-            raise ValueError('span_method "heads": give the heads\' own bodies (head_bodies)')
-        points = jax.vmap(lambda B: k_min_norm_point(B, config))(bodies)
+            raise ValueError(
+                f'span_method "{config.span_method}": give the heads\' own bodies (head_bodies)'
+            )
+        inner = HEAD_QUERIES[config.span_method]
+        if inner is None:
+            points = jax.vmap(lambda B: k_min_norm_point(B, config))(bodies)
+        else:  # the one-head method's direction in each K_i, each from a key of its own
+            one = dataclasses.replace(config, span_method=inner, span_queries=queries)
+            keys = jax.random.split(key, bodies.bound.shape[0])
+            points = jax.vmap(lambda k, B: span_estimate(k, B, 1, one)[0][0])(keys, bodies)
     elif config.span_method == "subsets":
         keep = draws.bernoulli(key, config.subset_fraction, (queries, K.valid.shape[0]))
         subsets = jax.vmap(lambda m: min_norm_point(K.G, K.valid & m, K.bound, its))(keep)

@@ -234,7 +234,10 @@ def estimate_errors(
       (further estimates reported beside the one used);
     - ``values`` (each head's W_i, in any order of the heads) → ``values_error``: the largest
       relative Frobenius error of a head's values, the heads paired by :func:`match_heads` on
-      the values alone;
+      the values alone; with ``head_rows`` (each estimated head's certified rows whose
+      constraints its own body K_i holds, heads first) and ``head_token`` (each row's token
+      per estimated head, heads last) → ``truth_in_head_bodies``: 1 when every true head
+      satisfies every constraint of the body of the estimated head it is paired with;
     - ``min_norm_point`` (a flattened Θ) → ``min_norm_in_span``: the share of its norm inside
       span{Θ_i};
     - ``certified``, ``certified_token``, ``certified_delta`` (certified rows) →
@@ -262,6 +265,16 @@ def estimate_errors(
         alone = lambda W: LayerParams(theta=jnp.zeros_like(W), W=W)  # noqa: E731
         est, true = match_heads(alone(values), alone(teacher.W))
         out["values_error"] = jnp.max(relative_errors(values[est], teacher.W[true]))
+        if "head_rows" in estimates:
+            inside = jax.vmap(
+                lambda rows, token, theta: truth_in_constraints(
+                    X, rows, token, theta[None], estimates["certified_delta"]
+                )
+            )
+            tokens = jnp.moveaxis(estimates["head_token"], -1, 0)
+            out["truth_in_head_bodies"] = jnp.all(
+                inside(estimates["head_rows"][est], tokens[est], teacher.theta[true])
+            )
     if "min_norm_point" in estimates:
         point = estimates["min_norm_point"]
         inside = flat.T @ jnp.linalg.lstsq(flat.T, point)[0]

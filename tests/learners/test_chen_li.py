@@ -88,6 +88,21 @@ def test_head_certificates_are_sound_and_each_body_holds_its_head():
             body = jax.tree.map(lambda v, h=h: v[h], bodies)
             assert int(body.valid.sum()) > 0
             assert bool(cl.satisfies(body, teacher.theta[h : h + 1], 1e-9))
+        # the metric agrees, in either order of the estimated heads, and fails when a head is
+        # given another head's rows (those that split the heads bound each one differently)
+        estimates = {
+            "values": teacher.W,
+            "head_rows": bodies.rows,
+            "head_token": cert.token,
+            "certified_delta": jnp.asarray(CONFIG.delta),
+        }
+        inside = lambda e: float(  # noqa: E731
+            mh.metrics.recovery.estimate_errors(e, teacher, problem.X)["truth_in_head_bodies"]
+        )
+        assert inside(estimates) == 1.0
+        flip = {**estimates, "values": teacher.W[::-1], "head_rows": bodies.rows[::-1]}
+        assert inside({**flip, "head_token": cert.token[..., ::-1]}) == 1.0
+        assert inside({**estimates, "head_token": cert.token[..., ::-1]}) == 0.0
 
 
 def test_head_values_recover_each_heads_values():
@@ -105,12 +120,42 @@ def test_head_values_recover_each_heads_values():
     assert float(swapped["values_error"]) == float(errors["values_error"])
 
 
-def test_heads_span_method_needs_the_heads_bodies():
+@pytest.mark.parametrize("method", cl.HEAD_QUERIES)
+def test_heads_span_methods_need_the_heads_bodies(method):
     teacher, problem = teacher_problem(2, beta=8.0, samples=500)
     cert = cl.certify(problem.X, problem.Y, teacher.W.sum(0), CONFIG)
     K = cl.constraints(jax.random.key(0), problem.X, cert, CONFIG)
-    with pytest.raises(ValueError, match="heads"):
-        cl.span_estimate(jax.random.key(1), K, 2, cl.ChenLiConfig(span_method="heads"))
+    with pytest.raises(ValueError, match="bodies"):
+        cl.span_estimate(jax.random.key(1), K, 2, cl.ChenLiConfig(span_method=method))
+
+
+def test_heads_subsets_is_subsets_in_each_head_body():
+    # each head's direction is the one-head "subsets" estimate of its own body, drawn with
+    # the head's own key (split from the method's key); at one head, K_1 is K itself
+    teacher, problem = teacher_problem(2, beta=8.0, samples=2000)
+    cert = cl.certify_values(problem.X, problem.Y, teacher.W, CONFIG)
+    bodies = cl.head_bodies(jax.random.key(0), problem.X, cert, CONFIG)
+    K = cl.constraints(
+        jax.random.key(0),
+        problem.X,
+        cl.certify(problem.X, problem.Y, teacher.W.sum(0), CONFIG),
+        CONFIG,
+    )
+    config = cl.ChenLiConfig(span_method="heads_subsets", span_queries=6, qp_iterations=200)
+    basis, _ = cl.span_estimate(jax.random.key(1), K, 2, config, bodies=bodies)
+    one = dataclasses.replace(config, span_method="subsets")
+    keys = jax.random.split(jax.random.key(1), 2)
+    own = [
+        cl.span_estimate(keys[h], jax.tree.map(lambda a: a[h], bodies), 1, one)[0][0]
+        for h in range(2)
+    ]
+    assert float(largest_principal_angle(jnp.stack(own), basis)) < 1e-6
+    assert float(largest_principal_angle(basis, jnp.stack(own))) < 1e-6
+    # and with the true values each head's direction lies near its own head
+    flat = teacher.theta.reshape(2, -1)
+    for h in range(2):
+        cosine = jnp.abs(own[h] @ flat[h]) / jnp.linalg.norm(flat[h])
+        assert float(jnp.arccos(jnp.clip(cosine, 0, 1))) < 0.3
 
 
 def test_certification_is_sound():
@@ -455,6 +500,7 @@ def test_every_span_method_runs_in_the_pipeline_and_is_scored():
         res.metrics["span_angle_estimate"], res.metrics["span_angle_subsets"], atol=1e-12
     )
     assert set(np.unique(res.metrics["truth_in_k"])) <= {0, 1}
+    assert set(np.unique(res.metrics["truth_in_head_bodies"])) <= {0, 1}
     tilt = res.metrics["k_tilt"]
     assert np.all((tilt >= 0) & (tilt <= np.pi / 2))
 
