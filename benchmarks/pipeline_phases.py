@@ -12,8 +12,8 @@ and timed warm (one more teacher compiles first), seconds per teacher:
   rounds with the kept share taken from a full argsort, the weighted Gram as one einsum over
   (samples, tokens) and the restarts vmapped (the implementation before the current one);
 - ``certify``: the certificate and K;
-- ``head bodies``: the ``heads`` method's own phase — each head's values, its rows certified
-  head by head and its body K_i;
+- ``head bodies``: the own phase of the heads' methods (``heads``, ``heads_subsets``) — each
+  head's values, its rows certified head by head and its body K_i;
 - ``min_norm``, then each span method given K's min-norm point, in float32 (the default) and
   float64 (``qp_products=None``);
 - ``tilt``: K's tilt at the heads (a metric the study reports);

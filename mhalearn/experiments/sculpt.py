@@ -113,13 +113,13 @@ def certify_phase(key, problem, S, config):
 @eqx.filter_jit
 def span_phase(key, K, heads, config, point=None, bodies=None):
     """Phase 4: (span basis, K's min-norm point), the point computed when not given
-    (``bodies``: the heads' own bodies, for the ``"heads"`` method)."""
+    (``bodies``: the heads' own bodies, for the methods of ``HEAD_QUERIES``)."""
     return cl.span_estimate(key, K, heads, config, point, bodies)
 
 
 @eqx.filter_jit
 def head_bodies_phase(key, problem, S, heads, config):
-    """The ``"heads"`` method's own phase: each head's values, its certified rows and its
+    """The heads' methods' own phase: each head's values, its certified rows and its
     body K_i (as :meth:`~mhalearn.learners.chen_li.ChenLiConfig.fit` draws them)."""
     return cl.heads_phase(key, key, problem.X, problem.Y, S, heads, config)[2]
 

@@ -96,9 +96,10 @@ def test_head_certificates_are_sound_and_each_body_holds_its_head():
             "head_token": cert.token,
             "certified_delta": jnp.asarray(CONFIG.delta),
         }
-        inside = lambda e: float(  # noqa: E731
-            mh.metrics.recovery.estimate_errors(e, teacher, problem.X)["truth_in_head_bodies"]
-        )
+
+        def inside(e, teacher=teacher, X=problem.X):
+            return float(mh.metrics.recovery.estimate_errors(e, teacher, X)["truth_in_head_bodies"])
+
         assert inside(estimates) == 1.0
         flip = {**estimates, "values": teacher.W[::-1], "head_rows": bodies.rows[::-1]}
         assert inside({**flip, "head_token": cert.token[..., ::-1]}) == 1.0
@@ -146,7 +147,7 @@ def test_heads_subsets_is_subsets_in_each_head_body():
     one = dataclasses.replace(config, span_method="subsets")
     keys = jax.random.split(jax.random.key(1), 2)
     own = [
-        cl.span_estimate(keys[h], jax.tree.map(lambda a: a[h], bodies), 1, one)[0][0]
+        cl.span_estimate(keys[h], jax.tree.map(lambda a, h=h: a[h], bodies), 1, one)[0][0]
         for h in range(2)
     ]
     assert float(largest_principal_angle(jnp.stack(own), basis)) < 1e-6
