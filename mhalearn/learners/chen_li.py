@@ -85,7 +85,8 @@ class ChenLiConfig(eqx.Module):
     certificate's fit check — to the first that many samples: the convex phases need many
     samples, a local search few, and its cost grows with them.
     ``values_restarts``, ``values_samples`` (``None``: all) and ``values_rounds`` set the
-    per-head values' fit of the ``"heads"`` span method (:func:`head_values`)."""
+    per-head values' fit of the heads' span methods (:data:`HEAD_QUERIES`,
+    :func:`head_values`)."""
 
     delta: float | Array = 0.1
     refit_rounds: int = eqx.field(static=True, default=30)
@@ -429,7 +430,7 @@ def head_values(
     config: ChenLiConfig,
 ) -> tuple[Float[Array, "heads dim dim"], Float[Array, " restarts"]]:
     """Each head's values W_i from the refined ΣW (our extension of the outline, for the
-    ``"heads"`` span method): :func:`refine_values_restarts` (``values_rounds`` rounds) on the
+    heads' span methods): :func:`refine_values_restarts` (``values_rounds`` rounds) on the
     first ``values_samples`` samples from ``values_restarts`` starts ΣW/m + noise of relative
     size ``refit_noise`` (ΣW/m itself gives every head the same values, where every
     assignment ties). The rows it fits are those where each head attends to one token, the
@@ -546,10 +547,10 @@ def heads_phase(
     heads: int,
     config: ChenLiConfig,
 ) -> tuple[Float[Array, "heads dim dim"], Certificate, Constraints]:
-    """The ``"heads"`` span method's own phase, as :meth:`ChenLiConfig.fit` runs it: each
-    head's values (:func:`head_values`, key ``fold_in(k_refit, 1)``), the rows certified head
-    by head (:func:`certify_values`) and the heads' bodies (:func:`head_bodies`, key
-    ``k_dedup``)."""
+    """The own phase of the heads' span methods (:data:`HEAD_QUERIES`), as
+    :meth:`ChenLiConfig.fit` runs it: each head's values (:func:`head_values`, key
+    ``fold_in(k_refit, 1)``), the rows certified head by head (:func:`certify_values`) and the
+    heads' bodies (:func:`head_bodies`, key ``k_dedup``)."""
     values, _ = head_values(jax.random.fold_in(k_refit, 1), X, Y, S, heads, config)
     cert = certify_values(X, Y, values, config)
     return values, cert, head_bodies(k_dedup, X, cert, config)
