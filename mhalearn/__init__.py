@@ -31,7 +31,7 @@ from mhalearn.kernels import (
     head_scale,
     mha,
 )
-from mhalearn.layer import layer_outputs, squared_loss_and_grad
+from mhalearn.layer import Lanes, lanes_loss_and_grad, lay_out, layer_outputs, squared_loss_and_grad
 from mhalearn.learners import (
     AlternatingConfig,
     ChenLiConfig,
@@ -56,6 +56,7 @@ from mhalearn.problems import (
     Problem,
     RegressionProblem,
     RegressionStart,
+    prepared,
     start_point,
 )
 from mhalearn.simulate import InstanceKeys, Results, measure, simulate
@@ -89,6 +90,7 @@ __all__ = [
     "GDConfig",
     "GivenStart",
     "InstanceKeys",
+    "Lanes",
     "LayerParams",
     "Learner",
     "Mixture",
@@ -120,6 +122,8 @@ __all__ = [
     "gaussian_tokens",
     "head_features",
     "head_scale",
+    "lanes_loss_and_grad",
+    "lay_out",
     "layer_outputs",
     "map_instances",
     "match_heads",
@@ -129,6 +133,7 @@ __all__ = [
     "parameter_errors",
     "passes_checks",
     "prediction_error",
+    "prepared",
     "sample_teacher",
     "sample_teacher_with_info",
     "sample_tokens",

@@ -25,6 +25,20 @@ in the form that XLA:CPU runs fastest, measured with ``benchmarks/compare.py``:
   longer in a one-off trial.
   ``products`` forces either form; they agree to rounding (tested against the reference).
 
+For many gradients of one training set — every step of GD — the samples can instead be the
+*minor* axis (:class:`Lanes`, :func:`lay_out` once, then :func:`lanes_loss_and_grad`): every
+per-sample product becomes an elementwise product over rows of ``tokens·samples`` numbers,
+which XLA:CPU vectorises across the samples, and the products with Θ and W stay matrix
+products. It is faster at every shape measured with dim and tokens up to :data:`LANES_MAX`
+(47.6 against 69.3 µs per GD step at (heads 2, dim 8, tokens 4, samples 256); slower at dim 32
+and 64 and at 32 tokens: ``python benchmarks/kernel_scaling.py --products``), so a regression
+problem lays itself out there (:meth:`~mhalearn.problems.RegressionProblem.prepared`, which
+:func:`~mhalearn.problems.prepared` calls and GD calls before its loop). The keys are stored once
+per query token (``tokens`` times X), so the layout is also bounded in bytes
+(:data:`LANES_MAX_BYTES`). Rows a multiple of 4 KiB long evicted each other from the L1 cache
+(76 µs per step at 256 samples, 54 at 260): the samples are padded with zero sequences, which
+add nothing, so that a row takes an odd number of cache lines.
+
 Notation, per sample n and head h: ``Q_h = X Θ_h``, ``A_h = softmax(Q_h Xᵀ)``,
 ``Φ_h = A_h X``, ``F = Σ_h Φ_h W_h``, loss ``L = mean((F − Y)²)`` over every entry, so
 ``dF = 2(F − Y)/size``. Backward: ``dW_h = Σ_n Φ_hᵀ dF``, ``dΦ_h = dF W_hᵀ``,
@@ -36,6 +50,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
@@ -156,3 +171,89 @@ def squared_loss_and_grad(
     dQ = jnp.einsum("nqs,nse->nqe", P, X) - c[..., None] * Phi
     dtheta = (rows.T @ dQ.reshape(n * T, m * d)).reshape(d, m, d).transpose(1, 0, 2)
     return loss, (2 * scale * dtheta, 2 * scale * dW)
+
+
+class Lanes(eqx.Module):
+    """A training set laid out with its samples along the minor axis (:func:`lay_out`), for
+    many gradients of one training set (:func:`lanes_loss_and_grad`): every per-sample
+    product is then an elementwise product over long rows, which XLA:CPU vectorises across
+    samples. Column k = t·n' + n holds sample n's token t; the samples are padded from
+    ``samples`` to n' with zero sequences, which add nothing to the loss or its gradient."""
+
+    X: Float[Array, "dim lanes"]  # X[n, t, e] at [e, t·n' + n]
+    Xs: Float[Array, "dim tokens lanes"]  # X[n, s, e] at [e, s, t·n' + n]: every key, per query
+    Y: Float[Array, "dim lanes"]  # Y[n, t, f] at [f, t·n' + n]
+    samples: int = eqx.field(static=True)  # n, before padding
+
+
+#: the largest dim and tokens at which a problem lays its training set out as :class:`Lanes`
+LANES_MAX = 16
+#: the most bytes a :class:`Lanes` layout may take (its keys hold tokens² · samples · dim numbers)
+LANES_MAX_BYTES = 64 * 2**20
+
+
+def lanes_form(samples: int, tokens: int, dim: int, itemsize: int) -> bool:
+    """Whether a training set of this shape is laid out as :class:`Lanes` for repeated
+    gradients: at dim and tokens ≤ :data:`LANES_MAX` (faster at every such shape measured
+    with ``python benchmarks/kernel_scaling.py --products``; slower at dim 32 and 64 and at
+    32 tokens), within :data:`LANES_MAX_BYTES`."""
+    n = padded_samples(samples, tokens, itemsize)
+    size = (tokens + 2) * tokens * n * dim * itemsize
+    return max(tokens, dim) <= LANES_MAX and size <= LANES_MAX_BYTES
+
+
+def padded_samples(samples: int, tokens: int, itemsize: int) -> int:
+    """The samples a :class:`Lanes` layout holds: the fewest n' ≥ ``samples`` whose rows of
+    ``tokens·n'`` numbers take an odd number of 64-byte cache lines, when a row takes 4 KiB or
+    more (rows a multiple of 4 KiB apart share the L1 cache's sets and evict each other: at
+    (2, 8, 4, 256) a GD step took 76 µs unpadded, 54 µs at 260 samples); else ``samples``."""
+    if tokens * samples * itemsize < 4096:
+        return samples
+    for n in range(samples, samples + 128):
+        if (tokens * n * itemsize) % 128 == 64:
+            return n
+    return samples  # no such n' (tokens·itemsize a multiple of 128)
+
+
+def lay_out(X: Float[Array, "n tokens dim"], Y: Float[Array, "n tokens dim"]) -> Lanes:
+    """``(X, Y)`` as :class:`Lanes`."""
+    X, Y = arrays(X=X, Y=Y)
+    check_shapes(("X", X, "n tokens dim"), ("Y", Y, "n tokens dim"))
+    n, T, d = X.shape
+    pad = ((0, padded_samples(n, T, X.dtype.itemsize) - n), (0, 0), (0, 0))
+    Xt, Yt = (jnp.pad(a, pad).transpose(2, 1, 0) for a in (X, Y))  # (dim, tokens, n')
+    lanes = T * Xt.shape[-1]
+    Xs = jnp.broadcast_to(Xt[:, :, None, :], (d, T, T, Xt.shape[-1])).reshape(d, T, lanes)
+    return Lanes(X=Xt.reshape(d, lanes), Xs=Xs, Y=Yt.reshape(d, lanes), samples=n)
+
+
+def lanes_loss_and_grad(
+    lanes: Lanes, theta: Float[Array, "heads dim dim"], W: Float[Array, "heads dim dim"]
+) -> tuple[Float[Array, ""], tuple[Float[Array, "heads dim dim"], Float[Array, "heads dim dim"]]]:
+    """:func:`squared_loss_and_grad` on a training set laid out as :class:`Lanes`: the same
+    formulas (see the module), every array with the (token, sample) columns as its minor
+    axis. Scores ``S[h, s, k]`` and their gradient are sums over dim of elementwise products,
+    the features ``Φ[(h, e), k]`` and ``dQ`` sums over the keys; the four products with Θ and
+    W and the two weight gradients are matrix products."""
+    d, K = lanes.X.shape
+    T = lanes.Xs.shape[1]
+    m = theta.shape[0]
+
+    def per_head(a: Float[Array, "heads tokens lanes"]) -> Float[Array, "heads*dim tokens lanes"]:
+        return jnp.broadcast_to(a[:, None], (m, d, T, K)).reshape(m * d, T, K)
+
+    keys = jnp.broadcast_to(lanes.Xs[None], (m, d, T, K)).reshape(m * d, T, K)  # per (h, e)
+    Q = theta.transpose(0, 2, 1).reshape(m * d, d) @ lanes.X  # Q[(h, e), k]
+    S = jnp.sum(Q.reshape(m, d, 1, K) * lanes.Xs[None], axis=1)  # S[h, s, k]
+    A = jax.nn.softmax(S, axis=1)
+    Phi = jnp.sum(per_head(A) * keys, axis=1)  # Φ[(h, e), k]
+    R = W.transpose(2, 0, 1).reshape(d, m * d) @ Phi - lanes.Y  # residual R[f, k]
+    dW = jnp.einsum("ak,fk->af", Phi, R).reshape(m, d, d)
+    dPhi = W.reshape(m * d, d) @ R
+    dA = jnp.sum(dPhi.reshape(m, d, 1, K) * lanes.Xs[None], axis=1)
+    dS = A * (dA - jnp.sum(A * dA, axis=1, keepdims=True))
+    dQ = jnp.sum(per_head(dS) * keys, axis=1)
+    dtheta = jnp.einsum("ak,jk->aj", dQ, lanes.X).reshape(m, d, d).transpose(0, 2, 1)
+    size = lanes.samples * T * d
+    loss = jnp.einsum("fk,fk->", R, R) / size  # a product: a sum of squares took three loops
+    return loss, (2 / size * dtheta, 2 / size * dW)

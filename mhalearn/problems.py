@@ -8,7 +8,10 @@ knows:
 - ``loss(params, idx=None)``: the training loss on all samples, or on the samples ``idx``;
 - ``loss_and_grad(params, idx=None)``: that loss and its gradient (gradient learners call
   it; the regression problem's is derived by hand, :mod:`mhalearn.layer`);
-- ``samples``: the training-set size.
+- ``samples``: the training-set size;
+- optionally ``prepared()``: the same problem made ready for many full-batch gradients (the
+  regression problem lays its training set out once, :class:`~mhalearn.layer.Lanes`);
+  learners that take many steps call :func:`prepared`.
 
 Numbers (init scales) are PyTree leaves; structure (student heads, model spec) is static.
 """
@@ -28,7 +31,14 @@ from mhalearn import draws
 from mhalearn._validate import check_shapes, in_range, positive_int
 from mhalearn.instances import unwrap
 from mhalearn.kernels import ClassifierSpec, classifier_score
-from mhalearn.layer import layer_outputs, squared_loss_and_grad
+from mhalearn.layer import (
+    Lanes,
+    lanes_form,
+    lanes_loss_and_grad,
+    lay_out,
+    layer_outputs,
+    squared_loss_and_grad,
+)
 from mhalearn.losses import logistic_loss, squared_loss
 from mhalearn.params import ClassifierParams, LayerParams
 
@@ -53,6 +63,13 @@ class Problem(Protocol):
     ) -> tuple[Float[Array, ""], PyTree]:
         """That loss and its gradient with respect to ``params``."""
         ...
+
+
+def prepared(problem: Problem) -> Problem:
+    """``problem`` made ready for many full-batch gradients: its ``prepared()`` where it has
+    one, else ``problem`` itself. Learners call it once, before their loop."""
+    prepare = getattr(problem, "prepared", None)
+    return problem if prepare is None else prepare()
 
 
 def predict_layer(
@@ -132,7 +149,8 @@ class RegressionProblem(eqx.Module):
 
     Loss: mean squared error over every entry of ``F̂(X_n) − Y_n``. The student starts at
     ``start`` (:class:`RegressionStart`). ``teacher`` carries the truth when the task knows
-    it; only the oracle baseline may read it.
+    it; only the oracle baseline may read it. ``lanes``: the training set laid out for
+    repeated gradients (:meth:`prepared` sets it; full-batch ``loss_and_grad`` then uses it).
     """
 
     X: Float[Array, "samples tokens dim"]
@@ -140,6 +158,7 @@ class RegressionProblem(eqx.Module):
     heads: int = eqx.field(static=True)
     start: RegressionStart | GivenStart = RegressionStart()
     teacher: LayerParams | None = None  # the truth, for oracle baselines only
+    lanes: Lanes | None = None
 
     def __check_init__(self):
         positive_int("heads", self.heads)
@@ -162,12 +181,23 @@ class RegressionProblem(eqx.Module):
     ) -> Float[Array, ""]:
         return squared_loss(predict_layer(params, _take(self.X, idx)), _take(self.Y, idx))
 
+    def prepared(self) -> RegressionProblem:
+        """This problem with its training set laid out as :class:`~mhalearn.layer.Lanes`
+        where that is faster (:func:`~mhalearn.layer.lanes_form`), else itself."""
+        n, T, d = self.X.shape
+        if self.lanes is not None or not lanes_form(n, T, d, self.X.dtype.itemsize):
+            return self
+        return dataclasses.replace(self, lanes=lay_out(self.X, self.Y))
+
     def loss_and_grad(
         self, params: LayerParams, idx: Int[Array, " batch"] | None = None
     ) -> tuple[Float[Array, ""], LayerParams]:
-        loss, (g_theta, g_W) = squared_loss_and_grad(
-            _take(self.X, idx), _take(self.Y, idx), params.theta, params.W
-        )
+        if idx is None and self.lanes is not None:
+            loss, (g_theta, g_W) = lanes_loss_and_grad(self.lanes, params.theta, params.W)
+        else:
+            loss, (g_theta, g_W) = squared_loss_and_grad(
+                _take(self.X, idx), _take(self.Y, idx), params.theta, params.W
+            )
         return loss, LayerParams(theta=g_theta, W=g_W)
 
 

@@ -35,7 +35,7 @@ from mhalearn._validate import choice, in_range, positive_int
 from mhalearn.learners.base import Fit, Monitor, Status, Trace
 from mhalearn.learners.registry import register_learner
 from mhalearn.metrics.theory import movement
-from mhalearn.problems import ClassificationProblem, RegressionProblem, start_point
+from mhalearn.problems import ClassificationProblem, RegressionProblem, prepared, start_point
 
 OptimizerName = Literal["gd", "momentum", "adam", "normalized_gd"]
 OPTIMIZERS = get_args(OptimizerName)
@@ -254,6 +254,7 @@ def _fit(key: PRNGKeyArray, problem, config: GDConfig, monitor: Monitor | None) 
     k_init, k_batch = _split(key)
     opt = make_optimizer(config)
     start = start_point(problem, k_init)
+    problem = prepared(problem)
     if config.trainable is not None:
         fields = {_field_of(path) for path, _ in jax.tree_util.tree_leaves_with_path(start)}
         unknown = sorted(set(config.trainable) - fields)
