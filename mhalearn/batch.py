@@ -65,6 +65,7 @@ import dataclasses
 import io
 import math
 import os
+import sys
 import threading
 import time
 import warnings
@@ -564,12 +565,35 @@ def map_instances(
     return result
 
 
+#: the process's thread-pool libraries, found anew only once a module has been imported since
+#: (finding them reads every loaded library: 1.6 ms, a tenth of a small call's run; libraries
+#: are loaded by imports — SciPy's BLAS, which JAX's LAPACK calls, when JAX first needs it)
+_THREADPOOLS: dict[int, threadpoolctl.ThreadpoolController] = {}
+
+
 def _one_blas_thread(devices: Sequence[jax.Device]) -> contextlib.AbstractContextManager:
     """On CPU devices: the process's BLAS libraries held to one thread until the context
     exits (their own settings restored then); elsewhere nothing."""
     if devices[0].platform != "cpu":
         return contextlib.nullcontext()
-    return threadpoolctl.threadpool_limits(limits=1, user_api="blas")
+    imported = len(sys.modules)
+    if imported not in _THREADPOOLS:
+        _THREADPOOLS.clear()
+        _THREADPOOLS[imported] = threadpoolctl.ThreadpoolController()
+    return _THREADPOOLS[imported].limit(limits=1, user_api="blas")
+
+
+#: the host threads that dispatch groups, one per device, kept from call to call (starting
+#: them took a millisecond each per call)
+_DISPATCHERS: dict[int, concurrent.futures.ThreadPoolExecutor] = {}
+
+
+def _dispatchers(count: int) -> concurrent.futures.ThreadPoolExecutor:
+    if count not in _DISPATCHERS:
+        _DISPATCHERS[count] = concurrent.futures.ThreadPoolExecutor(
+            count, thread_name_prefix="mhalearn-dispatch"
+        )
+    return _DISPATCHERS[count]
 
 
 def _run_chunk(run_group, group_args, devs, mine, start, chunk, width, instances, report):
@@ -603,7 +627,7 @@ def _pulled(run_group, group_args, devices, rows, width, instances, report):
         with lock:
             return None if stop.is_set() or not starts else starts.popleft()
 
-    def serve(device):
+    def pull(device):
         nonlocal finished
         pending = collections.deque()  # (first row, group output) dispatched, not collected
         while True:
@@ -620,13 +644,21 @@ def _pulled(run_group, group_args, devices, rows, width, instances, report):
                 if report is not None:
                     report("running", first_row + finished, instances)
 
-    with concurrent.futures.ThreadPoolExecutor(len(devices)) as pool:
-        served = [pool.submit(serve, d) for d in devices]
+    def serve(device):
         try:
-            for f in served:
-                f.result()
-        finally:  # an error or an interruption: no new groups (those running finish)
-            stop.set()
+            pull(device)
+        except BaseException:
+            stop.set()  # the other devices take no new group
+            raise
+
+    served = [_dispatchers(len(devices)).submit(serve, d) for d in devices]
+    try:
+        done, _ = concurrent.futures.wait(served, return_when=concurrent.futures.FIRST_EXCEPTION)
+        for f in done:
+            f.result()  # the first error, as soon as any device meets it
+    finally:  # an error or an interruption: no new groups (those running finish)
+        stop.set()
+        concurrent.futures.wait(served)
     order = sorted(results)
     return jax.tree.map(lambda *parts: np.concatenate(parts), *(results[g] for g in order))
 
