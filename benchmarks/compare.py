@@ -28,11 +28,13 @@ B 1024). Implementations:
 PyTorch is optional (``pip install -e ".[bench]"``); its rows are skipped with a message when it
 is absent. Prints instance-steps/s, GFLOP/s (3× forward FLOPs per step), the ratio of mhalearn
 to every baseline and the percentage of the ceiling; compilation is timed apart (steady state
-excludes it). Every implementation runs twice (mhalearn's second call reuses its compiled
-program, as a study's next cell does) and its steady state is the faster run: the first run
-of a compiled program pays one-time costs, a large share of mhalearn's 0.1 s run at (2, 8, 4,
-256, B 64). Rows go to benchmarks/results/compare.csv (columns impl, heads,
-dim, tokens, samples, instances, inst_steps_per_s, gflops, pct_of_ceiling, then context).
+excludes it). Every implementation runs three times (mhalearn's later calls reuse its
+compiled program, as a study's next cells do) and its steady state is the fastest run: the
+first run of a compiled program pays one-time costs, a large share of mhalearn's 0.07 s run
+at (2, 8, 4, 256, B 64), and runs that short vary by a tenth from one to the next on two
+devices (eight runs: 27 800–31 200 instance-steps/s). Rows go to
+benchmarks/results/compare.csv (columns impl, heads, dim, tokens, samples, instances,
+inst_steps_per_s, gflops, pct_of_ceiling, then context).
 """
 
 from __future__ import annotations
@@ -70,8 +72,8 @@ SHAPES = [
 ]
 
 
-#: runs of every implementation; the faster is its steady state
-RUNS = 2
+#: runs of every implementation; the fastest is its steady state
+RUNS = 3
 
 
 def problems(shape: dict) -> tuple[np.ndarray, ...]:

@@ -29,15 +29,16 @@ For many gradients of one training set — every step of GD — the samples can 
 *minor* axis (:class:`Lanes`, :func:`lay_out` once, then :func:`lanes_loss_and_grad`): every
 per-sample product becomes an elementwise product over rows of ``tokens·samples`` numbers,
 which XLA:CPU vectorises across the samples, and the products with Θ and W stay matrix
-products. It is faster at every shape measured with dim and tokens up to :data:`LANES_MAX`
-(47.6 against 69.3 µs per GD step at (heads 2, dim 8, tokens 4, samples 256); slower at dim 32
-and 64 and at 32 tokens: ``python benchmarks/kernel_scaling.py --products``), so a regression
-problem lays itself out there (:meth:`~mhalearn.problems.RegressionProblem.prepared`, which
-:func:`~mhalearn.problems.prepared` calls and GD calls before its loop). The keys are stored once
-per query token (``tokens`` times X), so the layout is also bounded in bytes
-(:data:`LANES_MAX_BYTES`). Rows a multiple of 4 KiB long evicted each other from the L1 cache
-(76 µs per step at 256 samples, 54 at 260): the samples are padded with zero sequences, which
-add nothing, so that a row takes an odd number of cache lines.
+products. Where its arrays stay small it is much faster (47.6 against 69.3 µs per GD step at
+(heads 2, dim 8, tokens 4, samples 256)); where they outgrow the caches it is slower
+(``python benchmarks/kernel_scaling.py --products --pair``). So a regression problem lays
+itself out where :func:`lanes_form` says (:meth:`RegressionProblem.prepared
+<mhalearn.problems.RegressionProblem.prepared>`, which :func:`~mhalearn.problems.prepared`
+calls and GD calls before its loop). The keys are stored once per query token (``tokens``
+times X), so the layout is also bounded in bytes (:data:`LANES_MAX_BYTES`). Rows a multiple
+of 4 KiB long evicted each other from the L1 cache (76 µs per step at 256 samples, 54 at 260):
+the samples are padded with zero sequences, which add nothing, so that a row takes an odd
+number of cache lines.
 
 Notation, per sample n and head h: ``Q_h = X Θ_h``, ``A_h = softmax(Q_h Xᵀ)``,
 ``Φ_h = A_h X``, ``F = Σ_h Φ_h W_h``, loss ``L = mean((F − Y)²)`` over every entry, so
@@ -186,20 +187,24 @@ class Lanes(eqx.Module):
     samples: int = eqx.field(static=True)  # n, before padding
 
 
-#: the largest dim and tokens at which a problem lays its training set out as :class:`Lanes`
-LANES_MAX = 16
+#: the largest heads · dim · tokens at which a problem lays its training set out as
+#: :class:`Lanes`
+LANES_MAX = 128
 #: the most bytes a :class:`Lanes` layout may take (its keys hold tokens² · samples · dim numbers)
-LANES_MAX_BYTES = 64 * 2**20
+LANES_MAX_BYTES = 8 * 2**20
 
 
-def lanes_form(samples: int, tokens: int, dim: int, itemsize: int) -> bool:
+def lanes_form(samples: int, heads: int, tokens: int, dim: int, itemsize: int) -> bool:
     """Whether a training set of this shape is laid out as :class:`Lanes` for repeated
-    gradients: at dim and tokens ≤ :data:`LANES_MAX` (faster at every such shape measured
-    with ``python benchmarks/kernel_scaling.py --products``; slower at dim 32 and 64 and at
-    32 tokens), within :data:`LANES_MAX_BYTES`."""
+    gradients: at heads · dim · tokens ≤ :data:`LANES_MAX`, within :data:`LANES_MAX_BYTES`.
+    Measured with both cores busy, one GD kernel on each, as the engine runs them
+    (``python benchmarks/kernel_scaling.py --products --pair``): the lanes kernel's elementwise
+    loops stream arrays of heads · dim · tokens · samples numbers, and where those outgrow the
+    caches it is slower than the samples-major kernel — at (4, 16, 8, 512), (8, 8, 8, 512),
+    (2, 16, 8, 2000) and (1, 8, 16, 2000)."""
     n = padded_samples(samples, tokens, itemsize)
     size = (tokens + 2) * tokens * n * dim * itemsize
-    return max(tokens, dim) <= LANES_MAX and size <= LANES_MAX_BYTES
+    return heads * dim * tokens <= LANES_MAX and size <= LANES_MAX_BYTES
 
 
 def padded_samples(samples: int, tokens: int, itemsize: int) -> int:

@@ -185,7 +185,7 @@ class RegressionProblem(eqx.Module):
         """This problem with its training set laid out as :class:`~mhalearn.layer.Lanes`
         where that is faster (:func:`~mhalearn.layer.lanes_form`), else itself."""
         n, T, d = self.X.shape
-        if self.lanes is not None or not lanes_form(n, T, d, self.X.dtype.itemsize):
+        if self.lanes is not None or not lanes_form(n, self.heads, T, d, self.X.dtype.itemsize):
             return self
         return dataclasses.replace(self, lanes=lay_out(self.X, self.Y))
 

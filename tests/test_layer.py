@@ -213,11 +213,12 @@ def test_padded_rows_take_an_odd_number_of_cache_lines(tokens, itemsize):
             assert n <= padded < n + 32 and row % 64 == 0 and (row // 64) % 2 == 1
 
 
-def test_lanes_form_at_small_sequences_and_within_its_memory():
-    assert lanes_form(256, 4, 8, 4) and lanes_form(512, 16, 16, 4)
-    assert not lanes_form(256, 4, LANES_MAX + 1, 4) and not lanes_form(256, LANES_MAX + 1, 8, 4)
+def test_lanes_form_at_small_layers_and_within_its_memory():
+    assert lanes_form(256, 2, 4, 8, 4) and lanes_form(512, 1, 8, 16, 4)
+    assert lanes_form(256, 4, 4, 8, 4) and not lanes_form(256, 4, 4, 16, 4)  # 128 and 256
+    assert LANES_MAX == 4 * 4 * 8
     n = LANES_MAX_BYTES // (6 * 4 * 8 * 4)  # (tokens + 2) · tokens · dim · 4 bytes a sample
-    assert lanes_form(n - 64, 4, 8, 4) and not lanes_form(n + 64, 4, 8, 4)
+    assert lanes_form(n - 64, 2, 4, 8, 4) and not lanes_form(n + 64, 2, 4, 8, 4)
 
 
 def test_prepared_problem_lays_its_data_out_and_gives_the_same_gradients(rng):
@@ -231,8 +232,7 @@ def test_prepared_problem_lays_its_data_out_and_gives_the_same_gradients(rng):
         want = eqx.filter_jit(problem.loss_and_grad)(params, idx)
         for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
             np.testing.assert_allclose(g, w, rtol=1e-11, atol=1e-14)
-    wide = mh.RegressionProblem(X=X[..., :3], Y=Y[..., :3], heads=2)  # dim 3: lanes too
-    assert mh.prepared(wide).lanes is not None
-    X17 = jnp.zeros((4, 2, LANES_MAX + 1))
-    big = mh.RegressionProblem(X=X17, Y=X17, heads=1)
+    small = mh.RegressionProblem(X=X[..., :3], Y=Y[..., :3], heads=2)  # dim 3: lanes too
+    assert mh.prepared(small).lanes is not None
+    big = mh.RegressionProblem(X=X, Y=Y, heads=5)  # 5 · 8 · 4 > 128: samples major
     assert mh.prepared(big) is big
