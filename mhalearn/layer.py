@@ -232,6 +232,49 @@ def lay_out(X: Float[Array, "n tokens dim"], Y: Float[Array, "n tokens dim"]) ->
     return Lanes(X=Xt.reshape(d, lanes), Xs=Xs, Y=Yt.reshape(d, lanes), samples=n)
 
 
+def _per_feature(
+    a: Float[Array, "heads tokens lanes"], dim: int
+) -> Float[Array, "heads*dim tokens lanes"]:
+    """``a`` repeated for each of a head's ``dim`` features (rows (head, feature))."""
+    m, T, K = a.shape
+    return jnp.broadcast_to(a[:, None], (m, dim, T, K)).reshape(m * dim, T, K)
+
+
+def _key_sum(
+    a: Float[Array, "heads tokens lanes"], lanes: Lanes
+) -> Float[Array, "heads*dim lanes"]:
+    """``Σ_s a[h, s, k] · X[e, s, k]`` for every (h, e): a sum over the keys."""
+    m, d = a.shape[0], lanes.X.shape[0]
+    keys = jnp.broadcast_to(lanes.Xs[None], (m, *lanes.Xs.shape)).reshape(m * d, *a.shape[1:])
+    return jnp.sum(_per_feature(a, d) * keys, axis=1)
+
+
+def _dim_sum(
+    a: Float[Array, "heads*dim lanes"], lanes: Lanes
+) -> Float[Array, "heads tokens lanes"]:
+    """``Σ_e a[(h, e), k] · X[e, s, k]`` for every (h, s): a sum over dim."""
+    d, K = lanes.X.shape
+    return jnp.sum(a.reshape(-1, d, 1, K) * lanes.Xs[None], axis=1)
+
+
+def _lanes_forward(
+    lanes: Lanes, theta: Float[Array, "heads dim dim"], W: Float[Array, "heads dim dim"]
+) -> tuple[
+    Float[Array, "heads tokens lanes"], Float[Array, "heads*dim lanes"], Float[Array, "dim lanes"]
+]:
+    """Attention ``A[h, s, k]``, features ``Φ[(h, e), k]`` and residual ``R[f, k]``."""
+    m, d, _ = theta.shape
+    Q = theta.transpose(0, 2, 1).reshape(m * d, d) @ lanes.X  # Q[(h, e), k]
+    A = jax.nn.softmax(_dim_sum(Q, lanes), axis=1)  # scores S[h, s, k]
+    Phi = _key_sum(A, lanes)
+    return A, Phi, W.transpose(2, 0, 1).reshape(d, m * d) @ Phi - lanes.Y
+
+
+def _sum_of_squares(R: Float[Array, "dim lanes"]) -> Float[Array, ""]:
+    """Σ R², as a product: as a sum of squares it took three loops per call."""
+    return jnp.einsum("fk,fk->", R, R)
+
+
 def lanes_loss_and_grad(
     lanes: Lanes, theta: Float[Array, "heads dim dim"], W: Float[Array, "heads dim dim"]
 ) -> tuple[Float[Array, ""], tuple[Float[Array, "heads dim dim"], Float[Array, "heads dim dim"]]]:
@@ -240,25 +283,11 @@ def lanes_loss_and_grad(
     axis. Scores ``S[h, s, k]`` and their gradient are sums over dim of elementwise products,
     the features ``Φ[(h, e), k]`` and ``dQ`` sums over the keys; the four products with Θ and
     W and the two weight gradients are matrix products."""
-    d, K = lanes.X.shape
-    T = lanes.Xs.shape[1]
-    m = theta.shape[0]
-
-    def per_head(a: Float[Array, "heads tokens lanes"]) -> Float[Array, "heads*dim tokens lanes"]:
-        return jnp.broadcast_to(a[:, None], (m, d, T, K)).reshape(m * d, T, K)
-
-    keys = jnp.broadcast_to(lanes.Xs[None], (m, d, T, K)).reshape(m * d, T, K)  # per (h, e)
-    Q = theta.transpose(0, 2, 1).reshape(m * d, d) @ lanes.X  # Q[(h, e), k]
-    S = jnp.sum(Q.reshape(m, d, 1, K) * lanes.Xs[None], axis=1)  # S[h, s, k]
-    A = jax.nn.softmax(S, axis=1)
-    Phi = jnp.sum(per_head(A) * keys, axis=1)  # Φ[(h, e), k]
-    R = W.transpose(2, 0, 1).reshape(d, m * d) @ Phi - lanes.Y  # residual R[f, k]
+    m, d, _ = theta.shape
+    A, Phi, R = _lanes_forward(lanes, theta, W)
     dW = jnp.einsum("ak,fk->af", Phi, R).reshape(m, d, d)
-    dPhi = W.reshape(m * d, d) @ R
-    dA = jnp.sum(dPhi.reshape(m, d, 1, K) * lanes.Xs[None], axis=1)
-    dS = A * (dA - jnp.sum(A * dA, axis=1, keepdims=True))
-    dQ = jnp.sum(per_head(dS) * keys, axis=1)
+    dA = _dim_sum(W.reshape(m * d, d) @ R, lanes)  # from dΦ[(h, e), k]
+    dQ = _key_sum(A * (dA - jnp.sum(A * dA, axis=1, keepdims=True)), lanes)  # from dS
     dtheta = jnp.einsum("ak,jk->aj", dQ, lanes.X).reshape(m, d, d).transpose(0, 2, 1)
-    size = lanes.samples * T * d
-    loss = jnp.einsum("fk,fk->", R, R) / size  # a product: a sum of squares took three loops
-    return loss, (2 / size * dtheta, 2 / size * dW)
+    size = lanes.samples * lanes.Xs.shape[1] * d
+    return _sum_of_squares(R) / size, (2 / size * dtheta, 2 / size * dW)
