@@ -566,8 +566,9 @@ def map_instances(
 
 
 #: the process's thread-pool libraries, found anew only once a module has been imported since
-#: (finding them reads every loaded library: 1.6 ms, a tenth of a small call's run; libraries
-#: are loaded by imports — SciPy's BLAS, which JAX's LAPACK calls, when JAX first needs it)
+#: (finding them reads every loaded library, a tenth of a small call's run when done per call;
+#: libraries are loaded by imports — SciPy's BLAS, which JAX's LAPACK calls, when JAX first
+#: needs it)
 _THREADPOOLS: dict[int, threadpoolctl.ThreadpoolController] = {}
 
 
@@ -583,8 +584,8 @@ def _one_blas_thread(devices: Sequence[jax.Device]) -> contextlib.AbstractContex
     return _THREADPOOLS[imported].limit(limits=1, user_api="blas")
 
 
-#: the host threads that dispatch groups, one per device, kept from call to call (starting
-#: them took a millisecond each per call)
+#: the host threads that dispatch groups, one per device, kept from call to call (started
+#: anew, they took a sixth of a small call's run)
 _DISPATCHERS: dict[int, concurrent.futures.ThreadPoolExecutor] = {}
 
 

@@ -29,16 +29,16 @@ For many gradients of one training set — every step of GD — the samples can 
 *minor* axis (:class:`Lanes`, :func:`lay_out` once, then :func:`lanes_loss_and_grad`): every
 per-sample product becomes an elementwise product over rows of ``tokens·samples`` numbers,
 which XLA:CPU vectorises across the samples, and the products with Θ and W stay matrix
-products. Where its arrays stay small it is much faster (47.6 against 69.3 µs per GD step at
+products. Where its arrays stay small it is much faster (47.6 against 69.2 µs per GD step at
 (heads 2, dim 8, tokens 4, samples 256)); where they outgrow the caches it is slower
 (``python benchmarks/kernel_scaling.py --products --pair``). So a regression problem lays
 itself out where :func:`lanes_form` says (:meth:`RegressionProblem.prepared
 <mhalearn.problems.RegressionProblem.prepared>`, which :func:`~mhalearn.problems.prepared`
 calls and GD calls before its loop). The keys are stored once per query token (``tokens``
 times X), so the layout is also bounded in bytes (:data:`LANES_MAX_BYTES`). Rows a multiple
-of 4 KiB long evicted each other from the L1 cache (76 µs per step at 256 samples, 54 at 260):
-the samples are padded with zero sequences, which add nothing, so that a row takes an odd
-number of cache lines.
+of 4 KiB long evicted each other from the L1 cache (a step took a third longer at 256 samples
+than at 260): the samples are padded with zero sequences, which add nothing, so that a row
+takes an odd number of cache lines.
 
 Notation, per sample n and head h: ``Q_h = X Θ_h``, ``A_h = softmax(Q_h Xᵀ)``,
 ``Φ_h = A_h X``, ``F = Σ_h Φ_h W_h``, loss ``L = mean((F − Y)²)`` over every entry, so
@@ -210,8 +210,8 @@ def lanes_form(samples: int, heads: int, tokens: int, dim: int, itemsize: int) -
 def padded_samples(samples: int, tokens: int, itemsize: int) -> int:
     """The samples a :class:`Lanes` layout holds: the fewest n' ≥ ``samples`` whose rows of
     ``tokens·n'`` numbers take an odd number of 64-byte cache lines, when a row takes 4 KiB or
-    more (rows a multiple of 4 KiB apart share the L1 cache's sets and evict each other: at
-    (2, 8, 4, 256) a GD step took 76 µs unpadded, 54 µs at 260 samples); else ``samples``."""
+    more (rows a multiple of 4 KiB apart share the L1 cache's sets and evict each other); else
+    ``samples``."""
     if tokens * samples * itemsize < 4096:
         return samples
     for n in range(samples, samples + 128):

@@ -254,7 +254,8 @@ def _fit(key: PRNGKeyArray, problem, config: GDConfig, monitor: Monitor | None) 
     k_init, k_batch = _split(key)
     opt = make_optimizer(config)
     start = start_point(problem, k_init)
-    problem = prepared(problem)
+    if config.batch_size is None:  # full-batch steps: the problem's layout for them, once
+        problem = prepared(problem)
     if config.trainable is not None:
         fields = {_field_of(path) for path, _ in jax.tree_util.tree_leaves_with_path(start)}
         unknown = sorted(set(config.trainable) - fields)

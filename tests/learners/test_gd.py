@@ -46,6 +46,7 @@ def test_other_optimisers_drive_the_loss_down(optimizer, lr):
 
 def test_fit_equals_an_explicit_optax_loop():
     _, problem = regression_problem()
+    assert mh.prepared(problem).lanes is not None  # the fit's steps run the lanes kernel
     config = mh.GDConfig(optimizer="adam", steps=7, lr=3e-2, log_every=1)
     out = config.fit(KEY, problem)
     params = problem.init(jax.random.split(KEY)[0])
