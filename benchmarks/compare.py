@@ -32,9 +32,8 @@ excludes it). Every implementation runs three times (mhalearn's later calls reus
 compiled program, as a study's next cells do) and its steady state is the fastest run: the
 first run of a compiled program pays one-time costs, a large share of mhalearn's 0.07 s run
 at (2, 8, 4, 256, B 64), and runs that short vary by a tenth from one to the next on two
-devices. Rows go to
-benchmarks/results/compare.csv (columns impl, heads, dim, tokens, samples, instances,
-inst_steps_per_s, gflops, pct_of_ceiling, then context).
+devices. Rows go to benchmarks/results/compare.csv (columns impl, heads, dim, tokens,
+samples, instances, inst_steps_per_s, gflops, pct_of_ceiling, then context).
 """
 
 from __future__ import annotations
