@@ -566,9 +566,9 @@ def map_instances(
 
 
 #: the process's thread-pool libraries, found anew only once a module has been imported since
-#: (finding them reads every loaded library, a tenth of a small call's run when done per call;
-#: libraries are loaded by imports — SciPy's BLAS, which JAX's LAPACK calls, when JAX first
-#: needs it)
+#: (finding them reads every loaded library, a sizeable share of a small call when done per
+#: call; libraries are loaded by imports — SciPy's BLAS, which JAX's LAPACK calls, when JAX
+#: first needs it)
 _THREADPOOLS: dict[int, threadpoolctl.ThreadpoolController] = {}
 
 
@@ -585,7 +585,7 @@ def _one_blas_thread(devices: Sequence[jax.Device]) -> contextlib.AbstractContex
 
 
 #: the host threads that dispatch groups, one per device, kept from call to call (started
-#: anew, they took a sixth of a small call's run)
+#: anew for each call, they cost a sizeable share of a small one)
 _DISPATCHERS: dict[int, concurrent.futures.ThreadPoolExecutor] = {}
 
 

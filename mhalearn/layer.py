@@ -36,9 +36,9 @@ itself out where :func:`lanes_form` says (:meth:`RegressionProblem.prepared
 <mhalearn.problems.RegressionProblem.prepared>`, which :func:`~mhalearn.problems.prepared`
 calls and GD calls before its loop). The keys are stored once per query token (``tokens``
 times X), so the layout is also bounded in bytes (:data:`LANES_MAX_BYTES`). Rows a multiple
-of 4 KiB long evicted each other from the L1 cache (a step took a third longer at 256 samples
-than at 260): the samples are padded with zero sequences, which add nothing, so that a row
-takes an odd number of cache lines.
+of 4 KiB long evicted each other from the L1 cache (measured in the closing note of issue 15):
+the samples are padded with zero sequences, which add nothing, so that a row takes an odd
+number of cache lines.
 
 Notation, per sample n and head h: ``Q_h = X Θ_h``, ``A_h = softmax(Q_h Xᵀ)``,
 ``Φ_h = A_h X``, ``F = Σ_h Φ_h W_h``, loss ``L = mean((F − Y)²)`` over every entry, so

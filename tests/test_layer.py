@@ -215,8 +215,8 @@ def test_padded_rows_take_an_odd_number_of_cache_lines(tokens, itemsize):
 
 def test_lanes_form_at_small_layers_and_within_its_memory():
     assert lanes_form(256, 2, 4, 8, 4) and lanes_form(512, 1, 8, 16, 4)
-    assert lanes_form(256, 4, 4, 8, 4) and not lanes_form(256, 4, 4, 16, 4)  # 128 and 256
-    assert LANES_MAX == 4 * 4 * 8
+    at_most = LANES_MAX // (4 * 8)  # heads at tokens 4, dim 8: heads · dim · tokens ≤ LANES_MAX
+    assert lanes_form(256, at_most, 4, 8, 4) and not lanes_form(256, at_most + 1, 4, 8, 4)
     n = LANES_MAX_BYTES // (6 * 4 * 8 * 4)  # (tokens + 2) · tokens · dim · 4 bytes a sample
     assert lanes_form(n - 64, 2, 4, 8, 4) and not lanes_form(n + 64, 2, 4, 8, 4)
 
@@ -234,5 +234,6 @@ def test_prepared_problem_lays_its_data_out_and_gives_the_same_gradients(rng):
             np.testing.assert_allclose(g, w, rtol=1e-11, atol=1e-14)
     small = mh.RegressionProblem(X=X[..., :3], Y=Y[..., :3], heads=2)  # dim 3: lanes too
     assert mh.prepared(small).lanes is not None
-    big = mh.RegressionProblem(X=X, Y=Y, heads=5)  # 5 · 8 · 4 > 128: samples major
+    heads = LANES_MAX // (4 * 8) + 1  # heads · dim · tokens > LANES_MAX: samples major
+    big = mh.RegressionProblem(X=X, Y=Y, heads=heads)
     assert mh.prepared(big) is big
