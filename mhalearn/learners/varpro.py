@@ -211,16 +211,20 @@ def gauss_newton_system(
         G = G + ((xr[:, dp] * xr[:, dq]).T @ jnp.concatenate(CC, axis=1)).astype(G.dtype)
         z = (jnp.moveaxis(xbar, 0, 2).reshape(rows, m * d, 1) * xr[:, None]).reshape(rows, -1)
         Ku = K.reshape(m, rows, d * d)[:, :, dp * d + dq]  # (m, rows, pairs)
-        B = B + (z.T @ jnp.moveaxis(Ku, 0, 1).reshape(rows, -1)).reshape(B.shape).astype(B.dtype)
+        # (pairs of K) × (features ⊗ x): the short side as the product's rows, which XLA:CPU
+        # runs faster than the transposed product
+        Bt = jnp.moveaxis(Ku, 0, 1).reshape(rows, -1).T @ z
+        B = B + Bt.reshape(B.shape).astype(B.dtype)
         return (G, B, g), None
 
     pairs = dp.size
     zeros = (
         jnp.zeros((pairs, hi.size * d * d), X.dtype),
-        jnp.zeros((m * d * d, m, pairs), X.dtype),
+        jnp.zeros((m, pairs, m * d * d), X.dtype),
         jnp.zeros(P, X.dtype),
     )
     (G, B, g), _ = jax.lax.scan(body, zeros, (Xp, Yp))
+    B = jnp.moveaxis(B, 2, 0)  # (i,a,p), j, (q,b)
     # the full tensors back from the halves: G[(i,p,q), (j,r,s)] (from (j,r,s), (i,p,q) when
     # i > j) and B[(i,a), e, (j,p,q)] = Σ_b B̃[(i,a,p), j, (q,b)] W_j[b, e]
     i, p, q, j, r, s = np.indices((m, d, d, m, d, d)).reshape(6, -1)
