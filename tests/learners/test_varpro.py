@@ -1,6 +1,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import mhalearn as mh
 from mhalearn.learners import linear, varpro
@@ -34,8 +35,9 @@ def test_design_and_least_squares_values_equal_references(rng):
     np.testing.assert_allclose(cost, np.mean(want**2), rtol=1e-10)
 
 
-def test_gauss_newton_system_is_kaufman_projection(rng):
-    problem, theta = small_problem(rng)
+@pytest.mark.parametrize("heads", [1, 2, 3])  # blocks of G: one head, i < j and i > j
+def test_gauss_newton_system_is_kaufman_projection(rng, heads):
+    problem, theta = small_problem(rng, heads=heads)
     W = linear.solve_values(problem.X, problem.Y, theta, ridge=0.0)
     H, g = varpro.gauss_newton_system(problem, theta, W, sample_chunk=5)  # 12 = 5 + 5 + 2
 
