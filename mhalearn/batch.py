@@ -9,7 +9,8 @@
 - **Chunks.** Instances are computed ``chunk_size`` at a time, one compiled call per chunk
   (the last chunk is padded, so there is one compilation). Everything an instance needs is
   generated inside ``fn`` from its key, so peak memory is set by the chunk, not by the number
-  of instances; results are gathered on the host chunk by chunk.
+  of instances; results are gathered on the host chunk by chunk, each group's outputs as one
+  array of their bytes (:func:`_packed`).
 - **Devices and hosts.** In one process, the chosen devices pull a chunk's groups (below)
   one after another, each taking the next as soon as it has finished its last
   (:func:`_pulled`): a device whose instances take longer runs fewer groups (variable
@@ -209,10 +210,20 @@ def _count_cache_hit(event: str, **_) -> None:
 jax.monitoring.register_event_listener(_count_cache_hit)
 
 
+class _Layout(NamedTuple):
+    """Where each output of a group lies in its packed bytes (:func:`_packed`): the outputs'
+    tree, and per leaf its byte columns, per-instance shape and dtype."""
+
+    treedef: Any
+    fields: tuple[tuple[int, int, tuple[int, ...], np.dtype], ...]
+
+
 class _Program(NamedTuple):
     compiled: Any
     #: compiled in this process (not read from the persistent cache): it can be relocated
     relocatable: bool
+    #: how its packed output unpacks (None: not packed)
+    layout: _Layout | None = None
 
 
 #: the matrix-product precision instance programs are traced at, unless
@@ -327,8 +338,9 @@ def _cached_compile(
     moved = None if like is None else _relocated(like, device)
     if moved is None:
         built, how = _compile(program, args, options), "compiled"
+        built = built._replace(layout=program.layout)  # set by the tracing
     else:
-        built, how = moved, "relocated"
+        built, how = moved._replace(layout=like.layout), "relocated"
     if program_key is not None:
         _PROGRAMS[program_key] = built
         while len(_PROGRAMS) > _KEPT:
@@ -449,12 +461,49 @@ def _group_program(
 
         if width == 1:  # no batch axis of size 1 through the program: plain kernels
             out = one(ids[0], jax.tree.map(lambda a: a[0], per))
-            return jax.tree.map(lambda a: jnp.expand_dims(a, 0), out)
-        if looped:
-            return jax.lax.map(lambda row: one(*row), (ids, per))
-        return jax.vmap(one)(ids, per)
+            out = jax.tree.map(lambda a: jnp.expand_dims(a, 0), out)
+        elif looped:
+            out = jax.lax.map(lambda row: one(*row), (ids, per))
+        else:
+            out = jax.vmap(one)(ids, per)
+        packed, instance_group.layout = _packed(out, width)
+        return packed
 
+    instance_group.layout = None  # set when traced
     return instance_group
+
+
+def _packed(out: PyTree, width: int) -> tuple[PyTree, _Layout | None]:
+    """A group's outputs as one ``(width, bytes)`` array of their bytes, and where each lies:
+    one transfer to the host per group instead of one per output (a study's scores, status
+    and trace are some thirty arrays, and each transfer cost the host several microseconds
+    per group)."""
+    leaves, treedef = jax.tree.flatten(out)
+    if not leaves:
+        return out, None
+    parts, fields, start = [], [], 0
+    for leaf in leaves:
+        raw = leaf.astype(jnp.uint8) if leaf.dtype == jnp.bool_ else leaf
+        raw = jax.lax.bitcast_convert_type(raw, jnp.uint8).reshape(width, -1)
+        parts.append(raw)
+        fields.append((start, start + raw.shape[1], leaf.shape[1:], np.dtype(leaf.dtype)))
+        start += raw.shape[1]
+    return jnp.concatenate(parts, axis=1), _Layout(treedef, tuple(fields))
+
+
+def _unpacked(out: PyTree, layout: _Layout | None) -> PyTree:
+    """A chunk's outputs, on the host, from their packed bytes (:func:`_packed`)."""
+    if layout is None:
+        return out
+    rows = out.shape[0]
+    leaves = []
+    for start, stop, shape, dtype in layout.fields:
+        raw = np.ascontiguousarray(out[:, start:stop])
+        if dtype == np.bool_:
+            leaves.append(raw.reshape(rows, *shape).astype(bool))
+        else:
+            leaves.append(raw.view(dtype).reshape(rows, *shape))
+    return layout.treedef.unflatten(leaves)
 
 
 def map_instances(
@@ -533,10 +582,10 @@ def map_instances(
             like = compiled[mine[0]] if looped and d != mine[0] else None
             compiled[d], how = _cached_compile(key, program, args, options, d, like)
             programs[how] += 1
-        return {d: p.compiled for d, p in compiled.items()}
+        return {d: p.compiled for d, p in compiled.items()}, compiled[mine[0]].layout
 
     options = compiler_options(devs) if options is None else options
-    run_group = compile_all(width)
+    run_group, layout = compile_all(width)
     if vector_width is None and not looped:  # a vmapped group: fit its width to the memory
         used, memory = _program_bytes(run_group[mine[0]]), _device_memory(mine[0])
         if used is not None and memory is not None:
@@ -544,7 +593,7 @@ def map_instances(
             if fitted != width:
                 width = fitted
                 chunk = _chunk(instances, chunk_size, len(devs) * width)
-                run_group = compile_all(width)
+                run_group, layout = compile_all(width)
     toc = time.perf_counter()
 
     with _one_blas_thread(devs):
@@ -555,6 +604,7 @@ def map_instances(
     if report is not None:
         report("done", instances, instances)
     result = jax.tree.map(lambda *parts: np.concatenate(parts), *pieces)
+    result = _unpacked(result, layout)
     if stats is not None:
         stats.update(
             compile_seconds=toc - tic,

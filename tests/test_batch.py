@@ -66,6 +66,34 @@ def test_per_instance_and_shared_arguments():
     np.testing.assert_array_equal(out["shape"], 3)
 
 
+def test_outputs_of_every_dtype_and_shape_come_back_bit_for_bit():
+    """A group's outputs travel to the host as one array of bytes: each comes back with its
+    dtype, shape and value, as the function computed it."""
+
+    def fn(key, per, shared):
+        x = jax.random.normal(key, (3, 2), jnp.float32)
+        return {
+            "f32": x,
+            "f64": (x.astype(jnp.float64) / 3.0, jnp.float64(1 / 7) * per),
+            "int": jnp.arange(5, dtype=jnp.int32) * per.astype(jnp.int32),
+            "bool": x > 0,
+            "u8": jnp.uint8(per),
+            "empty": jnp.zeros((0, 4)),
+        }
+
+    per = np.arange(6.0)
+    for devices, width in ((1, 1), (1, 4), (None, 2)):
+        out = mh.map_instances(fn, jax.random.key(3), 6, per, vector_width=width, devices=devices)
+        for i in range(6):
+            key = jax.random.fold_in(jax.random.key(3), i)
+            want = jax.tree.map(np.asarray, fn(key, per[i], None))
+            got = jax.tree.map(lambda a: a[i], out)
+            assert jax.tree.structure(got) == jax.tree.structure(want)
+            for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+                assert g.dtype == w.dtype and g.shape == w.shape
+                np.testing.assert_array_equal(g, w)
+
+
 def assert_all_equal(runs: list[dict]) -> None:
     """Every run's arrays equal the first run's, bit for bit."""
     for other in runs[1:]:
