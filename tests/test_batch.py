@@ -87,7 +87,7 @@ def test_outputs_of_every_dtype_and_shape_come_back_bit_for_bit():
         for i in range(6):
             key = jax.random.fold_in(jax.random.key(3), i)
             want = jax.tree.map(np.asarray, fn(key, per[i], None))
-            got = jax.tree.map(lambda a: a[i], out)
+            got = jax.tree.map(lambda a, i=i: a[i], out)
             assert jax.tree.structure(got) == jax.tree.structure(want)
             for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
                 assert g.dtype == w.dtype and g.shape == w.shape
