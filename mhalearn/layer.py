@@ -31,14 +31,14 @@ per-sample product becomes an elementwise product over rows of ``tokens·samples
 which XLA:CPU vectorises across the samples, and the products with Θ and W stay matrix
 products. Where its arrays stay small it is much faster (47.6 against 69.2 µs per GD step at
 (heads 2, dim 8, tokens 4, samples 256)); where they outgrow the caches it is slower
-(``python benchmarks/kernel_scaling.py --products --pair``). So a regression problem lays
-itself out where :func:`lanes_form` says (:meth:`RegressionProblem.prepared
-<mhalearn.problems.RegressionProblem.prepared>`, which :func:`~mhalearn.problems.prepared`
-calls and GD calls before its loop). The keys are stored once per query token (``tokens``
-times X), so the layout is also bounded in bytes (:data:`LANES_MAX_BYTES`). Rows a multiple
-of 4 KiB long evicted each other from the L1 cache (measured in the closing note of issue 15):
-the samples are padded with zero sequences, which add nothing, so that a row takes an odd
-number of cache lines.
+(``python benchmarks/kernel_scaling.py --products --pair``), and in float64 it is slower. So
+a regression problem lays itself out where :func:`lanes_form` says
+(:meth:`RegressionProblem.prepared <mhalearn.problems.RegressionProblem.prepared>`, which
+:func:`~mhalearn.problems.prepared` calls and GD calls before its loop). The keys are stored
+once per query token (``tokens`` times X), so the layout is also bounded in bytes
+(:data:`LANES_MAX_BYTES`). Rows a multiple of 4 KiB long evicted each other from the L1
+cache (measured in the closing note of issue 15): the samples are padded with zero
+sequences, which add nothing, so that a row takes an odd number of cache lines.
 
 Notation, per sample n and head h: ``Q_h = X Θ_h``, ``A_h = softmax(Q_h Xᵀ)``,
 ``Φ_h = A_h X``, ``F = Σ_h Φ_h W_h``, loss ``L = mean((F − Y)²)`` over every entry, so
@@ -196,15 +196,17 @@ LANES_MAX_BYTES = 8 * 2**20
 
 def lanes_form(samples: int, heads: int, tokens: int, dim: int, itemsize: int) -> bool:
     """Whether a training set of this shape is laid out as :class:`Lanes` for repeated
-    gradients: at heads · dim · tokens ≤ :data:`LANES_MAX`, within :data:`LANES_MAX_BYTES`.
-    Measured with both cores busy, one GD kernel on each, as the engine runs them
-    (``python benchmarks/kernel_scaling.py --products --pair``): the lanes kernel's elementwise
-    loops stream arrays of heads · dim · tokens · samples numbers, and where those outgrow the
-    caches it is slower than the samples-major kernel — at (4, 16, 8, 512), (8, 8, 8, 512),
-    (2, 16, 8, 2000) and (1, 8, 16, 2000)."""
+    gradients: in float32 (``itemsize`` 4), at heads · dim · tokens ≤ :data:`LANES_MAX`,
+    within :data:`LANES_MAX_BYTES`. Measured with both cores busy, one GD kernel on each, as
+    the engine runs them (``python benchmarks/kernel_scaling.py --products --pair``): the lanes
+    kernel's elementwise loops stream arrays of heads · dim · tokens · samples numbers, and
+    where those outgrow the caches it is slower than the samples-major kernel — at
+    (4, 16, 8, 512), (8, 8, 8, 512), (2, 16, 8, 2000) and (1, 8, 16, 2000). In float64, where
+    a vector holds half as many samples, it was slower than the broadcast form from 256
+    samples up at dim 8, tokens 4 (one-off, in the closing note of issue 15)."""
     n = padded_samples(samples, tokens, itemsize)
     size = (tokens + 2) * tokens * n * dim * itemsize
-    return heads * dim * tokens <= LANES_MAX and size <= LANES_MAX_BYTES
+    return itemsize == 4 and heads * dim * tokens <= LANES_MAX and size <= LANES_MAX_BYTES
 
 
 def padded_samples(samples: int, tokens: int, itemsize: int) -> int:

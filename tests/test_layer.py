@@ -3,6 +3,7 @@
 float64 loop reference; values and gradients, float32 and float64, with the per-sample score
 products in either form and with the training set laid out as lanes (samples minor)."""
 
+import dataclasses
 import functools
 
 import equinox as eqx
@@ -219,21 +220,29 @@ def test_lanes_form_at_small_layers_and_within_its_memory():
     assert lanes_form(256, at_most, 4, 8, 4) and not lanes_form(256, at_most + 1, 4, 8, 4)
     n = LANES_MAX_BYTES // (6 * 4 * 8 * 4)  # (tokens + 2) · tokens · dim · 4 bytes a sample
     assert lanes_form(n - 64, 2, 4, 8, 4) and not lanes_form(n + 64, 2, 4, 8, 4)
+    assert not lanes_form(32, 2, 4, 8, 8) and not lanes_form(256, 2, 4, 8, 8)  # float64
 
 
 def test_prepared_problem_lays_its_data_out_and_gives_the_same_gradients(rng):
     X, Y, theta, W = draw(rng, 300, 2, 4, 8)
     problem = mh.RegressionProblem(X=X, Y=Y, heads=2)
-    ready = mh.prepared(problem)
-    assert problem.lanes is None and ready.lanes is not None and mh.prepared(ready) is ready
+    assert mh.prepared(problem) is problem  # float64: samples major
+    X32, Y32 = X.astype(np.float32), Y.astype(np.float32)
+    problem32 = mh.RegressionProblem(X=X32, Y=Y32, heads=2)
+    ready32 = mh.prepared(problem32)
+    assert problem32.lanes is None and ready32.lanes is not None
+    assert mh.prepared(ready32) is ready32
+    # the layout's gradients, in float64: laid out as a float32 problem would be
+    ready = dataclasses.replace(problem, lanes=lay_out(X, Y))
+    assert mh.prepared(ready) is ready
     params = mh.LayerParams(theta=theta, W=W)
     for idx in (None, jnp.array([7, 0, 299])):  # minibatches take their rows from X
         got = eqx.filter_jit(ready.loss_and_grad)(params, idx)
         want = eqx.filter_jit(problem.loss_and_grad)(params, idx)
         for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
             np.testing.assert_allclose(g, w, rtol=1e-11, atol=1e-14)
-    small = mh.RegressionProblem(X=X[..., :3], Y=Y[..., :3], heads=2)  # dim 3: lanes too
+    small = mh.RegressionProblem(X=X32[..., :3], Y=Y32[..., :3], heads=2)  # dim 3: lanes too
     assert mh.prepared(small).lanes is not None
     heads = LANES_MAX // (4 * 8) + 1  # heads · dim · tokens > LANES_MAX: samples major
-    big = mh.RegressionProblem(X=X, Y=Y, heads=heads)
+    big = mh.RegressionProblem(X=X32, Y=Y32, heads=heads)
     assert mh.prepared(big) is big

@@ -1,3 +1,5 @@
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -46,7 +48,10 @@ def test_other_optimisers_drive_the_loss_down(optimizer, lr):
 
 def test_fit_equals_an_explicit_optax_loop():
     _, problem = regression_problem()
-    assert mh.prepared(problem).lanes is not None  # the fit's steps run the lanes kernel
+    assert mh.prepared(problem) is problem  # float64: the samples-major kernel
+    # laid out as a float32 problem would be: the fit's steps run the lanes kernel
+    problem = dataclasses.replace(problem, lanes=mh.lay_out(problem.X, problem.Y))
+    assert mh.prepared(problem) is problem and problem.lanes is not None
     config = mh.GDConfig(optimizer="adam", steps=7, lr=3e-2, log_every=1)
     out = config.fit(KEY, problem)
     params = problem.init(jax.random.split(KEY)[0])
