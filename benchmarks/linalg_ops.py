@@ -13,9 +13,11 @@ call, per instance, the singular values of ΣW (dim × dim) and of the normalise
 teacher's rejection loop), and the QR factors and spectral norm of the span angle
 (:func:`mhalearn.metrics.recovery.largest_principal_angle`, dim² × heads). A GPU solver may
 run such calls one instance at a time above some size. This script times each call as the
-package makes it and each candidate replacement (``jit(vmap(op))``, best of ``--repeats``,
-compilation apart), and the largest difference of the candidate's result from the call's, so
-that one run on an accelerator says which call costs and what replacing it would change.
+package makes it — through :mod:`mhalearn.solvers`: jnp.linalg's, batched on an accelerator,
+one matrix after another under ``vmap`` on CPU, where a batched call could wait for good —
+and each candidate replacement (``jit(vmap(op))``, best of ``--repeats``, compilation
+apart), and the largest difference of the candidate's result from the call's, so that one
+run on an accelerator says which call costs and what replacing it would change.
 Rows go to benchmarks/results/linalg_ops.csv.
 """
 
@@ -31,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import mhalearn as mh
+from mhalearn.solvers import orthonormal_basis, singular_values, spectral_norm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import append_rows, machine, table
@@ -60,18 +63,18 @@ def ops(heads: int, dim: int):
 
     return {
         "svd values of ΣW (dim × dim), smallest / largest": (
-            lambda a: (lambda s: s[-1] / s[0])(jnp.linalg.svd(a, compute_uv=False)),
+            lambda a: (lambda s: s[-1] / s[0])(singular_values(a)),
             None,
             lambda key: jax.random.normal(key, (dim, dim)),
         ),
         "smallest singular value of Θ rows (heads × dim²)": (
-            lambda a: jnp.linalg.svd(a, compute_uv=False)[-1],
+            lambda a: singular_values(a)[-1],
             sv_min_gram,
             rows,
         ),
-        "QR of dim² × heads": (lambda a: jnp.linalg.qr(a)[0], None, tall),
+        "QR of dim² × heads": (orthonormal_basis, None, tall),
         "spectral norm of dim² × heads": (
-            lambda a: jnp.linalg.norm(a, ord=2),
+            spectral_norm,
             spectral_norm_gram,
             tall,
         ),

@@ -32,6 +32,7 @@ from mhalearn._validate import arrays, check_shapes, choice, in_range, positive_
 from mhalearn.data import TOKEN_DISTRIBUTIONS, TokenDistribution, sample_tokens
 from mhalearn.kernels import attention_weights
 from mhalearn.params import LayerParams
+from mhalearn.solvers import singular_values
 
 Family = Literal["random", "near_duplicate", "ill_conditioned", "rank_one", "two_tokens"]
 FAMILIES: tuple[str, ...] = (
@@ -146,13 +147,13 @@ def parameter_diagnostics(
     dist = jnp.sqrt(jnp.sum(diff**2, axis=(2, 3)))
     dist = jnp.where(jnp.eye(heads, dtype=bool), jnp.inf, dist)
     sum_w = jnp.sum(W, axis=0)
-    s = jnp.linalg.svd(sum_w, compute_uv=False)
+    s = singular_values(sum_w)
     rows = theta.reshape(heads, -1) / jnp.maximum(t_norms, tiny)[:, None]
     return ParameterDiagnostics(
         w_norm=jnp.min(w_norms) / jnp.maximum(w_rms, tiny),
         separation=jnp.min(dist) / jnp.maximum(t_rms, tiny),
         sigma_ratio=s[-1] / jnp.maximum(s[0], tiny),
-        theta_sv=jnp.linalg.svd(rows, compute_uv=False)[-1],
+        theta_sv=singular_values(rows)[-1],
         sum_w_norm=jnp.sqrt(jnp.sum(sum_w**2)) / jnp.maximum(jnp.sqrt(jnp.sum(w_norms**2)), tiny),
     )
 

@@ -1,6 +1,7 @@
 """The engine: keys by global index, chunking, devices and hosts, one compilation."""
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -215,17 +216,32 @@ print("finished", np.isfinite(mh.map_instances(fn, jax.random.key(0), 8)).all())
 """
 
 
+SCORES_UNDER_VMAP = """
+import jax, numpy as np, mhalearn as mh
+from mhalearn.metrics.recovery import parameter_errors
+spec = mh.TeacherSpec(heads=4, dim=16, tokens=8)
+draw = jax.vmap(lambda k: mh.sample_teacher(k, spec))
+truth, fitted = (draw(jax.random.split(jax.random.key(i), 256)) for i in (0, 1))
+score = jax.jit(jax.vmap(parameter_errors))
+angles = [score(fitted, truth).span_angle for _ in range(50)]
+print("finished", bool(np.isfinite(np.asarray(angles)).all()))
+"""
+
+
 @pytest.mark.parametrize(
     "program",
-    [HUNG_BEFORE, EIGENVALUES_UNDER_VMAP],
-    ids=["vmapped-groups", "vmapped-eigenvalues"],
+    [HUNG_BEFORE, EIGENVALUES_UNDER_VMAP, SCORES_UNDER_VMAP],
+    ids=["vmapped-groups", "vmapped-eigenvalues", "vmapped-parameter-errors"],
 )
 def test_programs_that_hung_two_cpu_devices_finish(program):
     """Each hung for good on two CPU devices, both threads of XLA:CPU's intra-op pool waiting
     in a batched LAPACK call for pieces queued to that pool: groups of variable projection,
     when they were vmapped (now a loop), and eigenvalues vmapped through ``jnp.linalg.eigvalsh``
     where ``mhalearn.solvers.eigenvalues`` now stands (the pipeline's span phase hung so at heads 2,
-    N 1000, in ``lapack_ssyevd_ffi``'s batch split)."""
+    N 1000, in ``lapack_ssyevd_ffi``'s batch split), and on one CPU device the scores of 256
+    instances vmapped (the span angle's two QR factorisations, which XLA:CPU ran at once, through
+    ``jnp.linalg.qr`` where ``mhalearn.solvers.orthonormal_basis`` now stands: 3 runs of 3 hung
+    before)."""
     proc = subprocess.run(
         [sys.executable, "-c", program], cwd=ROOT, capture_output=True, text=True, timeout=240
     )
@@ -233,16 +249,53 @@ def test_programs_that_hung_two_cpu_devices_finish(program):
     assert "finished True" in proc.stdout
 
 
-def test_eigenvalues_vmapped_are_the_batched_call_bit_for_bit():
-    from mhalearn.solvers import eigenvalues
+#: each factorisation of mhalearn.solvers: jnp.linalg's own call and the shape of its input
+FACTORISATIONS = {
+    "eigenvalues": (jnp.linalg.eigvalsh, (6, 6)),
+    "eigh": (jnp.linalg.eigh, (6, 6)),
+    "singular_values": (lambda a: jnp.linalg.svd(a, compute_uv=False), (4, 9)),
+    "svd": (lambda a: jnp.linalg.svd(a, full_matrices=False), (9, 4)),
+    "spectral_norm": (lambda a: jnp.linalg.norm(a, ord=2, axis=(-2, -1)), (9, 4)),
+    "orthonormal_basis": (lambda a: jnp.linalg.qr(a)[0], (9, 4)),
+}
 
-    a = jax.random.normal(jax.random.key(0), (2, 5, 6, 6))
-    a = a @ jnp.swapaxes(a, -1, -2)
-    ours = jax.jit(jax.vmap(jax.vmap(eigenvalues)))(a)
-    np.testing.assert_array_equal(ours, jnp.linalg.eigvalsh(a))
-    np.testing.assert_array_equal(eigenvalues(a[0, 0]), jnp.linalg.eigvalsh(a[0, 0]))
-    text = jax.jit(jax.vmap(eigenvalues)).lower(a[0]).as_text()
-    assert 'num_batch_dims = "0"' in text  # one matrix per LAPACK call
+
+@pytest.mark.parametrize("name", list(FACTORISATIONS))
+def test_factorisations_vmapped_are_the_batched_call_bit_for_bit(name):
+    """Under (nested) vmap each factorisation gives jnp.linalg's batched call's bits, and on
+    CPU it lowers to one matrix per LAPACK call."""
+    from mhalearn import solvers
+
+    ours, (theirs, shape) = getattr(solvers, name), FACTORISATIONS[name]
+    a = jax.random.normal(jax.random.key(0), (2, 5, *shape))
+    if shape[0] == shape[1]:  # symmetric
+        a = a @ jnp.swapaxes(a, -1, -2)
+    for got, want in zip(
+        jax.tree.leaves(jax.jit(jax.vmap(jax.vmap(ours)))(a)),
+        jax.tree.leaves(theirs(a)),
+        strict=True,
+    ):
+        np.testing.assert_array_equal(got, want)
+    for got, want in zip(
+        jax.tree.leaves(ours(a[0, 0])), jax.tree.leaves(theirs(a[0, 0])), strict=True
+    ):
+        np.testing.assert_array_equal(got, want)
+    text = jax.jit(jax.vmap(ours)).lower(a[0]).as_text()
+    assert set(re.findall(r'num_batch_dims = "(\d+)"', text)) == {"0"}  # LAPACK, unbatched
+
+
+def test_least_squares_vmapped_is_the_batched_call_bit_for_bit():
+    """A shared matrix and batched right-hand sides: the matrix is broadcast, one system per
+    LAPACK call."""
+    from mhalearn.solvers import least_squares
+
+    a = jax.random.normal(jax.random.key(0), (9, 4))
+    b = jax.random.normal(jax.random.key(1), (3, 9))
+    got = jax.jit(jax.vmap(least_squares, in_axes=(None, 0)))(a, b)
+    want = jnp.stack([jnp.linalg.lstsq(a, b_i)[0] for b_i in b])
+    np.testing.assert_array_equal(got, want)
+    text = jax.jit(jax.vmap(least_squares, in_axes=(None, 0))).lower(a, b).as_text()
+    assert set(re.findall(r'num_batch_dims = "(\d+)"', text)) == {"0"}
 
 
 COMPILED_ONCE = """

@@ -59,7 +59,7 @@ from mhalearn.learners.registry import register_learner
 from mhalearn.learners.varpro import STALL_PATIENCE, VarProConfig, levenberg_marquardt
 from mhalearn.params import LayerParams
 from mhalearn.problems import GivenStart, RegressionProblem
-from mhalearn.solvers import box_qp, eigenvalues, ridge_solve
+from mhalearn.solvers import box_qp, eigenvalues, ridge_solve, spectral_norm, svd
 
 #: what follows the search inside the span (:func:`search_in_span`)
 MODES = ("polished", "pure")
@@ -284,7 +284,7 @@ def row_matches(
 
 def row_scale(S: Float[Array, "dim dim"]) -> Float[Array, ""]:
     """Typical size of a row x_bᵀS for ±1 tokens: √dim·‖S‖₂."""
-    return math.sqrt(S.shape[0]) * jnp.linalg.norm(S, ord=2)
+    return math.sqrt(S.shape[0]) * spectral_norm(S)
 
 
 def smallest_share(res: Float[Array, "samples tokens"], share) -> Bool[Array, "samples tokens"]:
@@ -693,7 +693,7 @@ def slice_points(
 def principal_directions(points: Float[Array, "points params"], k: int):
     """The top ``k`` right singular vectors of ``points`` (orthonormal rows): the directions
     of largest second moment about the origin."""
-    _, _, vt = jnp.linalg.svd(points, full_matrices=False)
+    _, _, vt = svd(points)
     return vt[:k]
 
 

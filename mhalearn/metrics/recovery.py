@@ -23,6 +23,7 @@ from mhalearn.kernels import attention_weights
 from mhalearn.losses import logistic_loss, zero_one_error
 from mhalearn.params import LayerParams
 from mhalearn.problems import predict_layer
+from mhalearn.solvers import least_squares, orthonormal_basis, spectral_norm
 
 
 def _sq_norm(a: Array, axes=(-2, -1)) -> Array:
@@ -91,10 +92,10 @@ def largest_principal_angle(
 
     Computed from sines (‖(I − P)Q‖₂) rather than cosines, so small angles are accurate.
     """
-    q_a, _ = jnp.linalg.qr(basis_of.T)
-    q_b, _ = jnp.linalg.qr(within.T)
+    q_a = orthonormal_basis(basis_of.T)
+    q_b = orthonormal_basis(within.T)
     residual = q_a - q_b @ (q_b.T @ q_a)
-    sine = jnp.linalg.norm(residual, ord=2)
+    sine = spectral_norm(residual)
     return jnp.arcsin(jnp.clip(sine, 0.0, 1.0))
 
 
@@ -198,7 +199,7 @@ def constraint_tilt(
     head itself, so a span estimate built from K alone has nothing that places it closer."""
     heads = theta.shape[0]
     flat = theta.reshape(heads, -1)
-    q, _ = jnp.linalg.qr(flat.T)
+    q = orthonormal_basis(flat.T)
     E = directions.reshape(directions.shape[0], -1)
     E = E - (E @ q) @ q.T
     E = E / jnp.maximum(jnp.linalg.norm(E, axis=1, keepdims=True), _tiny(E))
@@ -277,7 +278,7 @@ def estimate_errors(
             )
     if "min_norm_point" in estimates:
         point = estimates["min_norm_point"]
-        inside = flat.T @ jnp.linalg.lstsq(flat.T, point)[0]
+        inside = flat.T @ least_squares(flat.T, point)
         out["min_norm_in_span"] = jnp.linalg.norm(inside) / jnp.maximum(
             jnp.linalg.norm(point), _tiny(point)
         )

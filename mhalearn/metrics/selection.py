@@ -27,7 +27,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
 from mhalearn.metrics.theory import lanczos_tridiagonal
-from mhalearn.solvers import box_qp
+from mhalearn.solvers import box_qp, eigh, singular_values, spectral_norm, svd
 
 Norm = Literal["fro", "nuclear"]
 
@@ -102,7 +102,7 @@ def _operator_norm(matvec, size, key, dtype) -> Float[Array, ""]:
     step of its inverse is safe)."""
     depth = min(32, size)
     T, last = lanczos_tridiagonal(matvec, key, size, depth, dtype)
-    ritz, vectors = jnp.linalg.eigh(T)
+    ritz, vectors = eigh(T)
     return ritz[-1] + last * jnp.abs(vectors[-1, -1])
 
 
@@ -160,7 +160,7 @@ def _nuclear(X, Z, selected, iterations, key, rho):
         return C + combine(lam.reshape(shape)), lam
 
     def shrink(C):
-        U, s, Vt = jnp.linalg.svd(C)
+        U, s, Vt = svd(C)
         return (U * jnp.maximum(s - 1.0 / rho, 0.0)) @ Vt
 
     def body(carry, _):
@@ -174,12 +174,12 @@ def _nuclear(X, Z, selected, iterations, key, rho):
     (V, _, lam), _ = jax.lax.scan(body, start, None, iterations)
     worst = jnp.min(jnp.where(mask, values(V), jnp.inf))
     W = V / worst  # feasible: its smallest constraint value is exactly 1
-    objective = jnp.sum(jnp.linalg.svd(W, compute_uv=False))
+    objective = jnp.sum(singular_values(W))
     # A dual certificate: ν = ρU ∈ ∂‖W‖_* at the fixed point; rescaled to ‖ν‖₂ ≤ 1 it bounds
     # the optimum from below by ⟨ν, W⟩ / ‖ν‖₂ on the active constraints (weak duality).
     dual_lam = rho * lam
     M = combine(dual_lam.reshape(shape))
-    dual = jnp.sum(dual_lam) / jnp.maximum(jnp.linalg.norm(M, 2), jnp.finfo(X.dtype).tiny)
+    dual = jnp.sum(dual_lam) / jnp.maximum(spectral_norm(M), jnp.finfo(X.dtype).tiny)
     return AttentionSVM(
         W=W,
         multipliers=dual_lam.reshape(shape),

@@ -26,7 +26,7 @@ from jaxtyping import Array, Bool, Float, PRNGKeyArray, PyTree
 from mhalearn import draws
 from mhalearn.kernels import ClassifierSpec, classifier_attention, classifier_score
 from mhalearn.params import ClassifierParams
-from mhalearn.solvers import box_qp
+from mhalearn.solvers import box_qp, eigenvalues, eigh
 
 
 def ntk_features(
@@ -74,7 +74,7 @@ def svm_margin(
     y_i⟨w, φ_i⟩ ≥ 1 by more than 1e-3.
     """
     Q = gram * (y[:, None] * y[None, :])
-    step = 1.0 / jnp.maximum(jnp.linalg.eigvalsh(Q)[-1], jnp.finfo(Q.dtype).tiny)
+    step = 1.0 / jnp.maximum(eigenvalues(Q)[-1], jnp.finfo(Q.dtype).tiny)
     alpha = box_qp(lambda a: Q @ a, jnp.ones_like(y), step, iterations, cap)
     total = jnp.sum(alpha)
     functional_margins = Q @ alpha  # y_i ⟨w, φ_i⟩
@@ -176,7 +176,7 @@ def hessian_extremes(
         return ravel_pytree(hessian_vector_product(f, params, unravel(v)))[0]
 
     T, last = lanczos_tridiagonal(hvp, key, flat.size, depth, flat.dtype)
-    ritz, vectors = jnp.linalg.eigh(T)
+    ritz, vectors = eigh(T)
     residual = last * jnp.abs(vectors[-1])  # ‖∇²f·y − θ·y‖ of each Ritz pair (θ, y)
     return HessianExtremes(
         low=ritz[0], high=ritz[-1], low_residual=residual[0], high_residual=residual[-1]
