@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -70,25 +71,29 @@ FORMS = ("batched", "broadcast", "lanes")
 
 def fit(theta, W, X, Y, products="gd"):
     """300 GD steps through the kernel ``products`` names: ``"gd"`` the one GD runs (the
-    prepared problem's), ``"lanes"`` the lanes kernel, else ``squared_loss_and_grad``'s form."""
+    prepared problem's), ``"lanes"`` the lanes kernel, else ``squared_loss_and_grad``'s form.
+    Each step's loss is summed, as GD uses it (its finiteness check, its trace): without it
+    XLA would leave the loss out of the kernel."""
     if products in ("gd", "lanes"):
         problem = mh.RegressionProblem(X=X, Y=Y, heads=theta.shape[0])
         problem = mh.prepared(problem)
         if products == "lanes" and problem.lanes is None:
             problem = dataclasses.replace(problem, lanes=mh.lay_out(X, Y))
 
-        def grad(params):
-            g = problem.loss_and_grad(mh.LayerParams(theta=params[0], W=params[1]))[1]
-            return g.theta, g.W
+        def loss_and_grad(params):
+            loss, g = problem.loss_and_grad(mh.LayerParams(theta=params[0], W=params[1]))
+            return loss, (g.theta, g.W)
     else:
 
-        def grad(params):
-            return squared_loss_and_grad(X, Y, *params, products=products)[1]
+        def loss_and_grad(params):
+            return squared_loss_and_grad(X, Y, *params, products=products)
 
-    def step(_, params):
-        return jax.tree.map(lambda p, g: p - LR * g, params, grad(params))
+    def step(_, carry):
+        params, total = carry
+        loss, grads = loss_and_grad(params)
+        return jax.tree.map(lambda p, g: p - LR * g, params, grads), total + loss
 
-    return jax.lax.fori_loop(0, STEPS, step, (theta, W))
+    return jax.lax.fori_loop(0, STEPS, step, ((theta, W), jnp.zeros((), X.dtype)))
 
 
 def seconds_per_step(

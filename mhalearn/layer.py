@@ -273,8 +273,10 @@ def _lanes_forward(
 
 
 def _sum_of_squares(R: Float[Array, "dim lanes"]) -> Float[Array, ""]:
-    """Σ R², as a product: as a sum of squares it took three loops per call."""
-    return jnp.einsum("fk,fk->", R, R)
+    """Σ R², the squares' product with a vector of ones along the lanes: as a sum of squares it
+    took three loops per call, and as ``einsum("fk,fk->")`` a GD step took longer at the
+    recovery studies' shapes (``python benchmarks/kernel_scaling.py --products``; README)."""
+    return jnp.sum(jnp.ones(R.shape[1], R.dtype) @ (R * R).T)
 
 
 def lanes_loss_and_grad(
