@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import mhalearn as mh
-from mhalearn.solvers import orthonormal_basis, singular_values, spectral_norm
+from mhalearn.solvers import eigenvalues, orthonormal_basis, singular_values, spectral_norm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import append_rows, machine, table
@@ -41,13 +41,13 @@ from _common import append_rows, machine, table
 
 def sv_min_gram(rows):
     """The smallest singular value of a wide k × n matrix from its k × k Gram matrix."""
-    return jnp.sqrt(jnp.maximum(jnp.linalg.eigvalsh(rows @ rows.T)[0], 0.0))
+    return jnp.sqrt(jnp.maximum(eigenvalues(rows @ rows.T)[0], 0.0))
 
 
 def spectral_norm_gram(a):
     """‖a‖₂ of a tall n × k matrix from its k × k Gram matrix (accurate for the largest
     singular value: the Gram matrix's relative error bounds it)."""
-    return jnp.sqrt(jnp.maximum(jnp.linalg.eigvalsh(a.T @ a)[-1], 0.0))
+    return jnp.sqrt(jnp.maximum(eigenvalues(a.T @ a)[-1], 0.0))
 
 
 def ops(heads: int, dim: int):
