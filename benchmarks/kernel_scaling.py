@@ -3,6 +3,7 @@
     python benchmarks/kernel_scaling.py
     python benchmarks/kernel_scaling.py --products   # the kernel's three forms
     python benchmarks/kernel_scaling.py --products --pair   # ... with both cores busy
+    python benchmarks/kernel_scaling.py --products --float64   # ... in float64
 
 One CPU device, float32, heads 2, dim 8, tokens 4 (the recovery studies' shape): 300 steps of
 full-batch GD in one ``fori_loop`` through the kernel GD runs (the problem's
@@ -17,6 +18,7 @@ lanes kernel — at shapes on both sides of ``BROADCAST_MAX`` and ``LANES_MAX``,
 takes (``mhalearn.layer.lanes_form``). With ``--pair`` the comparison runs in two processes at
 once, each held to one core, as the engine runs one program per core: the kernels then share
 the caches and the memory bus, which changes which form wins where the arrays are large.
+``--float64`` runs the comparison in float64 (where GD never takes lanes: ``lanes_form``).
 Best of 5 runs; appends rows to benchmarks/results/kernel_scaling.csv.
 """
 
@@ -96,15 +98,21 @@ def fit(theta, W, X, Y, products="gd"):
     return jax.lax.fori_loop(0, STEPS, step, ((theta, W), jnp.zeros((), X.dtype)))
 
 
+def _dtype() -> np.dtype:
+    """float32, or float64 once ``--float64`` has set the precision."""
+    return np.dtype(np.float64 if jax.config.jax_enable_x64 else np.float32)
+
+
 def seconds_per_step(
     samples: int, width: int, shape=(HEADS, DIM, TOKENS), products: str = "gd"
 ) -> float:
     heads, dim, tokens = shape
     rng = np.random.default_rng(0)
-    X = rng.choice([-1.0, 1.0], (width, samples, tokens, dim)).astype(np.float32)
-    Y = rng.normal(size=(width, samples, tokens, dim)).astype(np.float32)
-    theta = (rng.normal(size=(width, heads, dim, dim)) / dim).astype(np.float32)
-    W = (rng.normal(size=(width, heads, dim, dim)) / np.sqrt(dim)).astype(np.float32)
+    dtype = _dtype()
+    X = rng.choice([-1.0, 1.0], (width, samples, tokens, dim)).astype(dtype)
+    Y = rng.normal(size=(width, samples, tokens, dim)).astype(dtype)
+    theta = (rng.normal(size=(width, heads, dim, dim)) / dim).astype(dtype)
+    W = (rng.normal(size=(width, heads, dim, dim)) / np.sqrt(dim)).astype(dtype)
     args = (theta, W, X, Y)
     if width == 1:
         args = tuple(a[0] for a in args)
@@ -127,14 +135,14 @@ def compare_products(core: int | None = None) -> None:
         os.sched_setaffinity(0, {core})  # before JAX starts its threads: they inherit it
     rows = []
     where = "one CPU device" if core is None else f"core {core}, the other core busy alike"
-    print(f"µs per GD step (float32, {where}, {STEPS} steps, best of 5)")
+    print(f"µs per GD step ({_dtype()}, {where}, {STEPS} steps, best of 5)")
     print("(heads, dim, tokens, samples) | batched | broadcast | lanes | lanes / best other | GD")
     for heads, dim, tokens, samples in PRODUCT_SHAPES:
         us = {
             form: 1e6 * seconds_per_step(samples, 1, (heads, dim, tokens), form) for form in FORMS
         }
         auto = "broadcast" if broadcast_form("auto", tokens, dim) else "batched"
-        auto = "lanes" if lanes_form(samples, heads, tokens, dim, 4) else auto
+        auto = "lanes" if lanes_form(samples, heads, tokens, dim, _dtype().itemsize) else auto
         ratio = us["lanes"] / min(us["batched"], us["broadcast"])
         print(
             f"({heads}, {dim}, {tokens}, {samples}) | {us['batched']:.1f} | "
@@ -142,14 +150,19 @@ def compare_products(core: int | None = None) -> None:
         )
         shape = {"heads": heads, "dim": dim, "tokens": tokens, "samples": samples, "width": 1}
         rows += [{**shape, "products": form, "us_per_inst_step": us[form]} for form in us]
-    context = {**machine(), "jax": jax.__version__, "busy_cores": 1 if core is None else 2}
+    context = {
+        **machine(),
+        "jax": jax.__version__,
+        "busy_cores": 1 if core is None else 2,
+        "dtype": str(_dtype()),
+    }
     path = append_rows("kernel_scaling", [{**r, **context} for r in rows])
     print(f"rows appended to {path}")
 
 
-def pair() -> None:
+def pair(float64: bool) -> None:
     """``--products`` in two processes at once, one on each of the first two cores."""
-    cmd = [sys.executable, __file__, "--products", "--core"]
+    cmd = [sys.executable, __file__, "--products", *(["--float64"] if float64 else []), "--core"]
     children = [subprocess.Popen([*cmd, str(c)], stdout=subprocess.PIPE, text=True) for c in (0, 1)]
     for child in children:
         out, _ = child.communicate()
@@ -162,10 +175,15 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--products", action="store_true", help="compare the kernel's forms")
     p.add_argument("--pair", action="store_true", help="with --products: both cores busy")
+    p.add_argument("--float64", action="store_true", help="with --products: in float64")
     p.add_argument("--core", type=int, default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.float64:
+        if not args.products:
+            p.error("--float64 goes with --products")
+        mh.set_precision("float64")
     if args.products and args.pair:
-        pair()
+        pair(args.float64)
         return
     if args.products:
         compare_products(args.core)

@@ -202,8 +202,9 @@ def lanes_form(samples: int, heads: int, tokens: int, dim: int, itemsize: int) -
     kernel's elementwise loops stream arrays of heads · dim · tokens · samples numbers, and
     where those outgrow the caches it is slower than the samples-major kernel — at
     (4, 16, 8, 512), (8, 8, 8, 512), (2, 16, 8, 2000) and (1, 8, 16, 2000). In float64, where
-    a vector holds half as many samples, it was slower than the broadcast form from 256
-    samples up at dim 8, tokens 4 (one-off, in the closing note of issue 15)."""
+    a vector holds half as many samples, it was slower than the best samples-major form at
+    most shapes from 256 samples up, and at most a tenth faster anywhere
+    (``python benchmarks/kernel_scaling.py --products --float64``)."""
     n = padded_samples(samples, tokens, itemsize)
     size = (tokens + 2) * tokens * n * dim * itemsize
     return itemsize == 4 and heads * dim * tokens <= LANES_MAX and size <= LANES_MAX_BYTES
