@@ -15,8 +15,9 @@
 #   4. seconds per recovered teacher of variable projection against the per-teacher scipy
 #      baseline (benchmarks/recovery_speed.py --small; the baseline runs on the host CPU);
 #   5. where an instance's time goes, stage by stage (benchmarks/stages.py, 1024 instances),
-#      and the small linear-algebra calls of drawing and scoring beside candidate
-#      replacements (benchmarks/linalg_ops.py, 4096 instances).
+#      and the small linear-algebra calls of drawing and scoring as the package makes them
+#      (batched pieces) beside jnp.linalg's vmapped calls (benchmarks/linalg_ops.py, 4096
+#      instances).
 # Rows go under benchmarks/results/ (accelerator_agreement.csv, compare.csv, throughput.csv,
 # recovery_speed.csv, stages.csv, linalg_ops.csv; they carry the device kind). The limits add
 # up to 9 min; on an H200 on 2026-12-04 the first four steps took 82 s (without --small),

@@ -1,23 +1,26 @@
-"""The small linear-algebra calls of drawing and scoring, timed beside k × k Gram forms.
+"""The small linear-algebra calls of drawing and scoring, as the package makes them and in
+their other form.
 
-Each call is vmapped over many instances on the default device, beside a formulation that
-uses only products and k × k factorisations (k = heads) where there is one.
+Each call is vmapped over many instances on the default device:
 
     python benchmarks/linalg_ops.py                       # heads 4, dim 16, 4096 instances
     python benchmarks/linalg_ops.py --heads 2 --dim 8 --instances 1024
 
 ``benchmarks/stages.py`` found drawing and scoring an instance to cost about 2.9 ms on an
-H200 (4096 instances at heads 4, dim 16), against 0.12 ms for 20 GD steps. Those stages
-call, per instance, the singular values of ΣW (dim × dim) and of the normalised Θ rows
-(heads × dim²: :func:`mhalearn.teachers.parameter_diagnostics`, in every draw of the
-teacher's rejection loop), and the QR factors and spectral norm of the span angle
-(:func:`mhalearn.metrics.recovery.largest_principal_angle`, dim² × heads). A GPU solver may
-run such calls one instance at a time above some size. This script times each call as the
-package makes it — through :mod:`mhalearn.solvers`: jnp.linalg's, batched on an accelerator,
-one matrix after another under ``vmap`` on CPU, where a batched call could wait for good —
-and each candidate replacement (``jit(vmap(op))``, best of ``--repeats``, compilation
-apart), and the largest difference of the candidate's result from the call's, so that one
-run on an accelerator says which call costs and what replacing it would change.
+H200 on 2026-12-04 (4096 instances at heads 4, dim 16), against 0.12 ms for 20 GD steps.
+Those stages call, per instance, the singular values of ΣW (dim × dim) and of the
+normalised Θ rows (heads × dim²: :func:`mhalearn.teachers.parameter_diagnostics`, in every
+draw of the teacher's rejection loop), and the QR factor and spectral norm of the span angle
+(:func:`mhalearn.metrics.recovery.largest_principal_angle`, dim² × heads). jaxlib's cuSOLVER
+kernels loop over a batch of such matrices, one library call each (the Jacobi SVD above 32
+a side, every QR's Q), so :mod:`mhalearn.solvers` computes them on an accelerator from
+batched pieces (a Householder QR in array operations, the SVD of its small R) and on CPU one
+matrix after another with LAPACK. This script times each call as the package makes it
+(form ``package``) beside its other form: on an accelerator jnp.linalg's own vmapped call
+(``jnp.linalg``, what the package ran before), on CPU the accelerator form forced here
+(``accelerator form``), each ``jit(vmap(op))``, best of ``--repeats``, compilation apart,
+with the largest difference of the other form's result from the package's, relative to the
+package's largest entry.
 Rows go to benchmarks/results/linalg_ops.csv.
 """
 
@@ -33,25 +36,15 @@ import jax.numpy as jnp
 import numpy as np
 
 import mhalearn as mh
-from mhalearn.solvers import eigenvalues, orthonormal_basis, singular_values, spectral_norm
+from mhalearn import solvers
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import append_rows, machine, table
 
 
-def sv_min_gram(rows):
-    """The smallest singular value of a wide k × n matrix from its k × k Gram matrix."""
-    return jnp.sqrt(jnp.maximum(eigenvalues(rows @ rows.T)[0], 0.0))
-
-
-def spectral_norm_gram(a):
-    """‖a‖₂ of a tall n × k matrix from its k × k Gram matrix (accurate for the largest
-    singular value: the Gram matrix's relative error bounds it)."""
-    return jnp.sqrt(jnp.maximum(eigenvalues(a.T @ a)[-1], 0.0))
-
-
-def ops(heads: int, dim: int):
-    """name: (the package's call, a candidate or None, a function drawing one input)."""
+def ops(heads: int, dim: int, cpu: bool):
+    """name: (the package's call, its other form on this platform, a function drawing one
+    input). The span angle's other form is none: it is made of the calls above it."""
     flat = (heads, dim * dim)
 
     def rows(key):
@@ -61,23 +54,32 @@ def ops(heads: int, dim: int):
     def tall(key):
         return jax.random.normal(key, flat).T
 
+    if cpu:  # the accelerator forms, forced
+        sv, norm, basis = (
+            solvers._singular_values_batched,
+            solvers._spectral_norm_batched,
+            solvers._orthonormal_basis_batched,
+        )
+    else:  # jnp.linalg's calls, vmapped as they are (under vmap on CPU they could hang)
+        sv, norm, basis = (
+            solvers._singular_values,
+            solvers._spectral_norm,
+            solvers._orthonormal_basis,
+        )
+
     return {
         "svd values of ΣW (dim × dim), smallest / largest": (
-            lambda a: (lambda s: s[-1] / s[0])(singular_values(a)),
-            None,
+            lambda a: (lambda s: s[-1] / s[0])(solvers.singular_values(a)),
+            lambda a: (lambda s: s[-1] / s[0])(sv(a)),
             lambda key: jax.random.normal(key, (dim, dim)),
         ),
         "smallest singular value of Θ rows (heads × dim²)": (
-            lambda a: singular_values(a)[-1],
-            sv_min_gram,
+            lambda a: solvers.singular_values(a)[-1],
+            lambda a: sv(a)[-1],
             rows,
         ),
-        "QR of dim² × heads": (orthonormal_basis, None, tall),
-        "spectral norm of dim² × heads": (
-            spectral_norm,
-            spectral_norm_gram,
-            tall,
-        ),
+        "QR of dim² × heads": (solvers.orthonormal_basis, basis, tall),  # both LAPACK's signs
+        "spectral norm of dim² × heads": (solvers.spectral_norm, norm, tall),
         "span angle (two QRs and a spectral norm)": (
             lambda ab: mh.metrics.recovery.largest_principal_angle(*ab),
             None,
@@ -114,17 +116,20 @@ def main() -> None:
     B = args.instances or (256 if device.platform == "cpu" else 4096)
     keys = jax.random.split(jax.random.key(0), B)
     rows = []
-    for name, (call, candidate, draw) in ops(args.heads, args.dim).items():
+    cpu = device.platform == "cpu"
+    other_form = "accelerator form" if cpu else "jnp.linalg"
+    for name, (call, other, draw) in ops(args.heads, args.dim, cpu).items():
         x = jax.vmap(draw)(keys)
         compile_s, run_s, ref = timed(call, x, args.repeats)
         rows.append({"op": name, "form": "package", "compile_s": compile_s, "run_ms": 1e3 * run_s})
-        if candidate is not None:
-            compile_s, run_s, out = timed(candidate, x, args.repeats)
-            diff = float(jnp.max(jnp.abs(out - ref) / jnp.maximum(jnp.abs(ref), 1e-300)))
+        if other is not None:
+            compile_s, run_s, out = timed(other, x, args.repeats)
+            scale = jnp.maximum(jnp.max(jnp.abs(ref)), 1e-300)
+            diff = float(jnp.max(jnp.abs(out - ref)) / scale)
             rows.append(
                 {
                     "op": name,
-                    "form": "candidate (k × k Gram)",
+                    "form": other_form,
                     "compile_s": compile_s,
                     "run_ms": 1e3 * run_s,
                     "max_rel_diff": diff,

@@ -6,12 +6,14 @@
   (FISTA) — the SVM dual of the NTK margin and the dual of the pipeline's min-norm point.
 - the small factorisations of drawing and scoring — :func:`eigenvalues`, :func:`eigh`,
   :func:`singular_values`, :func:`svd`, :func:`spectral_norm`, :func:`orthonormal_basis`,
-  :func:`least_squares` — jnp.linalg's, but under ``vmap`` on CPU one matrix after another
-  (a batched LAPACK call there can wait for good: :func:`_one_at_a_time_on_cpu`). Every
-  eigen-, singular-value and QR factorisation of the package goes through them; the Cholesky
-  factors of :func:`ridge_solve` and variable projection's LU factors are taken once per
-  instance and step, and the package never vmaps them on CPU (the engine runs a CPU group's
-  instances as a loop).
+  :func:`least_squares` — jnp.linalg's, but under ``vmap`` batched as each platform allows
+  (:func:`_batched_per_platform`): on CPU one matrix after another (a batched LAPACK call
+  there can wait for good), on an accelerator from pieces cuSOLVER takes as one batched call
+  (:func:`householder_qr` and a factorisation of the small side) where it would otherwise
+  loop over the batch. Every eigen-, singular-value and QR factorisation of the package goes
+  through them; the Cholesky factors of :func:`ridge_solve` and variable projection's LU
+  factors are taken once per instance and step, and the package never vmaps them on CPU (the
+  engine runs a CPU group's instances as a loop).
 
 All are matrix-free or O(p³) in a small p, pure and ``vmap``-able. An interior-point QP
 (qpax) factors a dense KKT system of the constraint count (up to ~10³ here) at every
@@ -61,10 +63,19 @@ def box_qp(
     return lam
 
 
-def _one_at_a_time_on_cpu(fn: Callable[..., PyTree]) -> Callable[..., PyTree]:
+#: the largest side of a matrix that cuSOLVER factors as one batched call under ``vmap``
+#: (jaxlib's CUDA kernels: Jacobi SVD and eigensolver batched up to 32 × 32, full matrices)
+BATCHED_SIDE = 32
+#: the products of the accelerator forms in full float32 (a GPU's default is TensorFloat-32)
+_EXACT = jax.lax.Precision.HIGHEST
+
+
+def _batched_per_platform(
+    fn: Callable[..., PyTree], on_accelerators: Callable[..., PyTree] | None = None
+) -> Callable[..., PyTree]:
     """``fn`` (a function of arrays that calls LAPACK) with a batching rule of its own: under
     ``vmap`` on CPU the matrices are taken one after another (``lax.map`` of ``fn``), never as
-    one batched call; on other platforms the batched call stays.
+    one batched call; on other platforms ``on_accelerators`` (default ``fn``) is vmapped.
 
     jaxlib's batched LAPACK kernels split the batch over XLA:CPU's intra-op thread pool and
     wait for the pieces from a thread of that pool, so two such calls at once (two instance
@@ -74,8 +85,17 @@ def _one_at_a_time_on_cpu(fn: Callable[..., PyTree]) -> Callable[..., PyTree]:
     (eigenvalues, vmapped), and ``jit(vmap(parameter_errors))`` on 64–256 instances at
     heads 4, dim 16 (the span angle's two QR factorisations), which hung in most runs. Each
     matrix goes through the same LAPACK routine as in the batched call, so the values are the
-    same, bit for bit (tested). Not differentiable (none of its uses is)."""
+    same, bit for bit (tested). Not differentiable (none of its uses is).
+
+    On a GPU the converse holds: jaxlib's cuSOLVER kernels take a batch as one call only for
+    some shapes (Jacobi SVD and eigensolver up to :data:`BATCHED_SIDE` a side with full
+    matrices, Householder QR's R) and otherwise loop over the batch from the host, one
+    matrix per library call (the thin SVD of a 256 × 4 matrix, every QR's Q). So where
+    ``on_accelerators`` is given it computes the same quantity from batched pieces only:
+    Householder QR written in array operations (:func:`householder_qr`) and a factorisation
+    of the small side."""
     wrapped = jax.custom_batching.custom_vmap(fn)
+    vmapped = jax.vmap(on_accelerators or fn)
 
     @wrapped.def_vmap
     def _rule(axis_size, in_batched, *args):
@@ -89,60 +109,152 @@ def _one_at_a_time_on_cpu(fn: Callable[..., PyTree]) -> Callable[..., PyTree]:
         out = jax.lax.platform_dependent(
             *args,
             cpu=lambda *a: jax.lax.map(lambda one: wrapped(*one), a),
-            default=jax.vmap(fn),
+            default=vmapped,
         )
         return out, jax.tree.map(lambda _: True, out)
 
     return wrapped
 
 
-@_one_at_a_time_on_cpu
+def householder_qr(a: Float[Array, "m n"]) -> tuple[Float[Array, "m n"], Float[Array, "n n"]]:
+    """The thin QR factorisation ``a = Q R`` of a tall ``a`` (m ≥ n) by n Householder
+    reflections written in array operations, LAPACK's conventions (R's diagonal −sign(a_jj)·‖·‖,
+    a column already reduced left as it is), so Q and R agree with ``jnp.linalg.qr``'s to
+    rounding. O(m n²), no library call: under ``vmap`` on a GPU it is batched whatever the
+    batch (cuSOLVER forms a batch's Q one matrix at a time). Defined for rank-deficient
+    ``a`` (Q stays orthonormal)."""
+    m, n = a.shape
+    rows = jnp.arange(m)
+
+    def reflect(j, carry):
+        r, vs, taus = carry
+        x = jnp.where(rows >= j, r[:, j], 0.0)
+        alpha = x[j]
+        below = jnp.sqrt(jnp.sum(jnp.where(rows > j, x, 0.0) ** 2))
+        norm = jnp.sqrt(alpha**2 + below**2)
+        beta = jnp.where(alpha >= 0, -norm, norm)
+        keep = below == 0  # nothing to annihilate: H = I (LAPACK's tau = 0)
+        safe = jnp.where(keep, 1.0, alpha - beta)
+        v = jnp.where(rows == j, 1.0, x / safe)
+        tau = jnp.where(keep, 0.0, (beta - alpha) / jnp.where(keep, 1.0, beta))
+        r = r - tau * v[:, None] * jnp.sum(v[:, None] * r, axis=0)
+        return r, vs.at[:, j].set(v), taus.at[j].set(tau)
+
+    start = (a, jnp.zeros_like(a), jnp.zeros(n, a.dtype))
+    r, vs, taus = jax.lax.fori_loop(0, n, reflect, start)
+
+    def accumulate(i, q):  # Q = H_0 ⋯ H_{n-1} I[:, :n], the last reflection first
+        j = n - 1 - i
+        v = vs[:, j]
+        return q - taus[j] * v[:, None] * jnp.sum(v[:, None] * q, axis=0)
+
+    q = jax.lax.fori_loop(0, n, accumulate, jnp.eye(m, n, dtype=a.dtype))
+    return q, jnp.triu(r[:n])
+
+
+def _small_side(a: Float[Array, "m n"]) -> Float[Array, "k k"] | None:
+    """The k × k triangle R (k = min(m, n)) with the singular values of ``a``, from
+    :func:`householder_qr` of the tall orientation, where ``a`` is too large for a batched
+    GPU call but its short side is not; None where ``a`` is already small (or both sides
+    large)."""
+    m, n = a.shape
+    if max(m, n) <= BATCHED_SIDE or min(m, n) > BATCHED_SIDE:
+        return None
+    return householder_qr(a if m >= n else a.T)[1]
+
+
+def _singular_values_batched(a: Float[Array, "m n"]) -> Float[Array, " k"]:
+    r = _small_side(a)
+    return jnp.linalg.svd(a if r is None else r, compute_uv=False)
+
+
+def _spectral_norm_batched(a: Float[Array, "m n"]) -> Float[Array, ""]:
+    return _singular_values_batched(a)[0]
+
+
+def _svd_batched(
+    a: Float[Array, "m n"],
+) -> tuple[Float[Array, "m k"], Float[Array, " k"], Float[Array, "k n"]]:
+    m, n = a.shape
+    k = min(m, n)
+    if min(m, n) > BATCHED_SIDE:
+        return _svd(a)
+    if max(m, n) <= BATCHED_SIDE:  # full matrices: cuSOLVER's batched Jacobi
+        u, s, vt = jnp.linalg.svd(a, full_matrices=True)
+        return u[:, :k], s, vt[:k]
+    q, r = householder_qr(a if m >= n else a.T)
+    u, s, vt = jnp.linalg.svd(r, full_matrices=True)
+    u = jnp.matmul(q, u, precision=_EXACT)
+    return (u, s, vt) if m >= n else (vt.T, s, u.T)
+
+
+def _orthonormal_basis_batched(a: Float[Array, "m n"]) -> Float[Array, "m n"]:
+    return householder_qr(a)[0] if a.shape[1] <= BATCHED_SIDE else jnp.linalg.qr(a)[0]
+
+
+def _least_squares_batched(a: Float[Array, "m n"], b: Float[Array, " m"]) -> Float[Array, " n"]:
+    """The minimum-norm solution from :func:`_svd_batched`, the singular values above
+    jnp.linalg.lstsq's cut-off (eps·max(m, n)·s₁) inverted."""
+    u, s, vt = _svd_batched(a)
+    keep = s > jnp.finfo(a.dtype).eps * max(a.shape) * s[0]
+    coef = jnp.where(keep, jnp.matmul(u.T, b, precision=_EXACT) / jnp.where(keep, s, 1), 0)
+    return jnp.matmul(vt.T, coef, precision=_EXACT)
+
+
+@_batched_per_platform
 def eigenvalues(a: Float[Array, "p p"]) -> Float[Array, " p"]:
     """The eigenvalues of the symmetric matrix ``a``, ascending (``jnp.linalg.eigvalsh``; under
-    ``vmap`` on CPU one matrix after another, see :func:`_one_at_a_time_on_cpu`)."""
+    ``vmap`` on CPU one matrix after another, see :func:`_batched_per_platform`)."""
     return jnp.linalg.eigvalsh(a)
 
 
-@_one_at_a_time_on_cpu
+@_batched_per_platform
 def eigh(a: Float[Array, "p p"]) -> tuple[Float[Array, " p"], Float[Array, "p p"]]:
     """Eigenvalues (ascending) and eigenvectors (columns) of the symmetric matrix ``a``
     (``jnp.linalg.eigh``; under ``vmap`` on CPU one matrix after another)."""
     return jnp.linalg.eigh(a)
 
 
-@_one_at_a_time_on_cpu
-def singular_values(a: Float[Array, "m n"]) -> Float[Array, " k"]:
+def _singular_values(a: Float[Array, "m n"]) -> Float[Array, " k"]:
     """The singular values of ``a``, descending (``jnp.linalg.svd`` without vectors; under
-    ``vmap`` on CPU one matrix after another)."""
+    ``vmap`` on CPU one matrix after another, on an accelerator those of R from
+    :func:`householder_qr` when one side of ``a`` is long and the other short)."""
     return jnp.linalg.svd(a, compute_uv=False)
 
 
-@_one_at_a_time_on_cpu
-def svd(
+def _svd(
     a: Float[Array, "m n"],
 ) -> tuple[Float[Array, "m k"], Float[Array, " k"], Float[Array, "k n"]]:
     """The thin singular value decomposition ``U, s, Vᵀ`` of ``a`` (``jnp.linalg.svd`` with
-    ``full_matrices=False``; under ``vmap`` on CPU one matrix after another)."""
-    return jnp.linalg.svd(a, full_matrices=False)
+    ``full_matrices=False``; under ``vmap`` on CPU one matrix after another, on an
+    accelerator from batched pieces: the full decomposition of a small ``a``, or of R from
+    :func:`householder_qr`). Singular vectors are defined up to sign."""
+    u, s, vt = jnp.linalg.svd(a, full_matrices=False)
+    return u, s, vt
 
 
-@_one_at_a_time_on_cpu
-def spectral_norm(a: Float[Array, "m n"]) -> Float[Array, ""]:
+def _spectral_norm(a: Float[Array, "m n"]) -> Float[Array, ""]:
     """‖a‖₂, the largest singular value (``jnp.linalg.norm(a, ord=2)``; under ``vmap`` on
-    CPU one matrix after another)."""
+    CPU one matrix after another, on an accelerator as :func:`singular_values`)."""
     return jnp.linalg.norm(a, ord=2)
 
 
-@_one_at_a_time_on_cpu
-def orthonormal_basis(a: Float[Array, "m n"]) -> Float[Array, "m n"]:
+def _orthonormal_basis(a: Float[Array, "m n"]) -> Float[Array, "m n"]:
     """The orthonormal factor Q of the thin QR factorisation of the tall ``a`` (m ≥ n): its
-    columns span ``a``'s (``jnp.linalg.qr``; under ``vmap`` on CPU one matrix after
-    another)."""
+    columns span ``a``'s (``jnp.linalg.qr``; under ``vmap`` on CPU one matrix after another,
+    on an accelerator :func:`householder_qr`'s Q)."""
     return jnp.linalg.qr(a)[0]
 
 
-@_one_at_a_time_on_cpu
-def least_squares(a: Float[Array, "m n"], b: Float[Array, " m"]) -> Float[Array, " n"]:
+def _least_squares(a: Float[Array, "m n"], b: Float[Array, " m"]) -> Float[Array, " n"]:
     """The minimum-norm least-squares solution x of ``a x ≈ b`` (``jnp.linalg.lstsq``; under
-    ``vmap`` on CPU one system after another)."""
+    ``vmap`` on CPU one system after another, on an accelerator from :func:`svd`'s batched
+    pieces)."""
     return jnp.linalg.lstsq(a, b)[0]
+
+
+singular_values = _batched_per_platform(_singular_values, _singular_values_batched)
+svd = _batched_per_platform(_svd, _svd_batched)
+spectral_norm = _batched_per_platform(_spectral_norm, _spectral_norm_batched)
+orthonormal_basis = _batched_per_platform(_orthonormal_basis, _orthonormal_basis_batched)
+least_squares = _batched_per_platform(_least_squares, _least_squares_batched)
