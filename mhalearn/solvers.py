@@ -122,9 +122,13 @@ def householder_qr(a: Float[Array, "m n"]) -> tuple[Float[Array, "m n"], Float[A
     a column already reduced left as it is), so Q and R agree with ``jnp.linalg.qr``'s to
     rounding. O(m n²), no library call: under ``vmap`` on a GPU it is batched whatever the
     batch (cuSOLVER forms a batch's Q one matrix at a time). Defined for rank-deficient
-    ``a`` (Q stays orthonormal)."""
+    ``a`` (Q stays orthonormal); ``a`` is scaled by a power of two near its largest entry
+    first (exactly), so that no column's squared norm overflows or underflows."""
     m, n = a.shape
     rows = jnp.arange(m)
+    _, exponent = jnp.frexp(jnp.max(jnp.abs(a)))
+    scale = jnp.ldexp(jnp.ones((), a.dtype), exponent)  # 0 → 1
+    a = a / scale
 
     def reflect(j, carry):
         r, vs, taus = carry
@@ -149,7 +153,7 @@ def householder_qr(a: Float[Array, "m n"]) -> tuple[Float[Array, "m n"], Float[A
         return q - taus[j] * v[:, None] * jnp.sum(v[:, None] * q, axis=0)
 
     q = jax.lax.fori_loop(0, n, accumulate, jnp.eye(m, n, dtype=a.dtype))
-    return q, jnp.triu(r[:n])
+    return q, jnp.triu(r[:n]) * scale
 
 
 def _small_side(a: Float[Array, "m n"]) -> Float[Array, "k k"] | None:

@@ -54,6 +54,19 @@ def test_householder_qr_of_degenerate_matrices_stays_orthonormal(damage):
         np.testing.assert_array_equal(q, np.eye(12, 4))
 
 
+@pytest.mark.parametrize(
+    "dtype, size", [(np.float64, 1e200), (np.float64, 1e-200), (np.float32, 1e25)]
+)
+def test_householder_qr_neither_overflows_nor_underflows(dtype, size):
+    """Entries whose squares leave the floating-point range: factored as LAPACK does."""
+    a = (_matrix((9, 3)) * size).astype(dtype)
+    q, r = map(np.asarray, solvers.householder_qr(jnp.asarray(a)))
+    assert np.all(np.isfinite(q)) and np.all(np.isfinite(r))
+    eps = np.finfo(dtype).eps
+    np.testing.assert_allclose(q.T @ q, np.eye(3), atol=20 * eps)
+    np.testing.assert_allclose(q @ r / size, a / size, atol=20 * eps)
+
+
 def _svd_check(u, s, vt, a):
     k = min(a.shape)
     np.testing.assert_allclose(s, np.linalg.svd(a, compute_uv=False), rtol=1e-12, atol=1e-13)
