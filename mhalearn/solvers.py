@@ -71,11 +71,12 @@ _EXACT = jax.lax.Precision.HIGHEST
 
 
 def _batched_per_platform(
-    fn: Callable[..., PyTree], on_accelerators: Callable[..., PyTree] | None = None
-) -> Callable[..., PyTree]:
-    """``fn`` (a function of arrays that calls LAPACK) with a batching rule of its own: under
-    ``vmap`` on CPU the matrices are taken one after another (``lax.map`` of ``fn``), never as
-    one batched call; on other platforms ``on_accelerators`` (default ``fn``) is vmapped.
+    on_accelerators: Callable[..., PyTree] | None = None,
+) -> Callable[[Callable[..., PyTree]], Callable[..., PyTree]]:
+    """A decorator: ``fn`` (a function of arrays that calls LAPACK) with a batching rule of
+    its own: under ``vmap`` on CPU the matrices are taken one after another (``lax.map`` of
+    ``fn``), never as one batched call; on other platforms ``on_accelerators`` (a function of
+    the same arrays, default ``fn``) is vmapped.
 
     jaxlib's batched LAPACK kernels split the batch over XLA:CPU's intra-op thread pool and
     wait for the pieces from a thread of that pool, so two such calls at once (two instance
@@ -94,26 +95,30 @@ def _batched_per_platform(
     ``on_accelerators`` is given it computes the same quantity from batched pieces only:
     Householder QR written in array operations (:func:`householder_qr`) and a factorisation
     of the small side."""
-    wrapped = jax.custom_batching.custom_vmap(fn)
-    vmapped = jax.vmap(on_accelerators or fn)
 
-    @wrapped.def_vmap
-    def _rule(axis_size, in_batched, *args):
-        if not any(in_batched):
-            out = wrapped(*args)
-            return out, jax.tree.map(lambda _: False, out)
-        args = [
-            a if batched else jnp.broadcast_to(a, (axis_size, *jnp.shape(a)))
-            for a, batched in zip(args, in_batched, strict=True)
-        ]
-        out = jax.lax.platform_dependent(
-            *args,
-            cpu=lambda *a: jax.lax.map(lambda one: wrapped(*one), a),
-            default=vmapped,
-        )
-        return out, jax.tree.map(lambda _: True, out)
+    def decorate(fn: Callable[..., PyTree]) -> Callable[..., PyTree]:
+        wrapped = jax.custom_batching.custom_vmap(fn)
+        vmapped = jax.vmap(on_accelerators or fn)
 
-    return wrapped
+        @wrapped.def_vmap
+        def _rule(axis_size, in_batched, *args):
+            if not any(in_batched):
+                out = wrapped(*args)
+                return out, jax.tree.map(lambda _: False, out)
+            args = [
+                a if batched else jnp.broadcast_to(a, (axis_size, *jnp.shape(a)))
+                for a, batched in zip(args, in_batched, strict=True)
+            ]
+            out = jax.lax.platform_dependent(
+                *args,
+                cpu=lambda *a: jax.lax.map(lambda one: wrapped(*one), a),
+                default=vmapped,
+            )
+            return out, jax.tree.map(lambda _: True, out)
+
+        return wrapped
+
+    return decorate
 
 
 def householder_qr(a: Float[Array, "m n"]) -> tuple[Float[Array, "m n"], Float[Array, "n n"]]:
@@ -181,8 +186,9 @@ def _svd_batched(
 ) -> tuple[Float[Array, "m k"], Float[Array, " k"], Float[Array, "k n"]]:
     m, n = a.shape
     k = min(m, n)
-    if min(m, n) > BATCHED_SIDE:
-        return _svd(a)
+    if min(m, n) > BATCHED_SIDE:  # no batched form: cuSOLVER's own loop
+        u, s, vt = jnp.linalg.svd(a, full_matrices=False)
+        return u, s, vt
     if max(m, n) <= BATCHED_SIDE:  # full matrices: cuSOLVER's batched Jacobi
         u, s, vt = jnp.linalg.svd(a, full_matrices=True)
         return u[:, :k], s, vt[:k]
@@ -205,28 +211,30 @@ def _least_squares_batched(a: Float[Array, "m n"], b: Float[Array, " m"]) -> Flo
     return jnp.matmul(vt.T, coef, precision=_EXACT)
 
 
-@_batched_per_platform
+@_batched_per_platform()
 def eigenvalues(a: Float[Array, "p p"]) -> Float[Array, " p"]:
     """The eigenvalues of the symmetric matrix ``a``, ascending (``jnp.linalg.eigvalsh``; under
     ``vmap`` on CPU one matrix after another, see :func:`_batched_per_platform`)."""
     return jnp.linalg.eigvalsh(a)
 
 
-@_batched_per_platform
+@_batched_per_platform()
 def eigh(a: Float[Array, "p p"]) -> tuple[Float[Array, " p"], Float[Array, "p p"]]:
     """Eigenvalues (ascending) and eigenvectors (columns) of the symmetric matrix ``a``
     (``jnp.linalg.eigh``; under ``vmap`` on CPU one matrix after another)."""
     return jnp.linalg.eigh(a)
 
 
-def _singular_values(a: Float[Array, "m n"]) -> Float[Array, " k"]:
+@_batched_per_platform(_singular_values_batched)
+def singular_values(a: Float[Array, "m n"]) -> Float[Array, " k"]:
     """The singular values of ``a``, descending (``jnp.linalg.svd`` without vectors; under
     ``vmap`` on CPU one matrix after another, on an accelerator those of R from
     :func:`householder_qr` when one side of ``a`` is long and the other short)."""
     return jnp.linalg.svd(a, compute_uv=False)
 
 
-def _svd(
+@_batched_per_platform(_svd_batched)
+def svd(
     a: Float[Array, "m n"],
 ) -> tuple[Float[Array, "m k"], Float[Array, " k"], Float[Array, "k n"]]:
     """The thin singular value decomposition ``U, s, Vᵀ`` of ``a`` (``jnp.linalg.svd`` with
@@ -237,28 +245,24 @@ def _svd(
     return u, s, vt
 
 
-def _spectral_norm(a: Float[Array, "m n"]) -> Float[Array, ""]:
+@_batched_per_platform(_spectral_norm_batched)
+def spectral_norm(a: Float[Array, "m n"]) -> Float[Array, ""]:
     """‖a‖₂, the largest singular value (``jnp.linalg.norm(a, ord=2)``; under ``vmap`` on
     CPU one matrix after another, on an accelerator as :func:`singular_values`)."""
     return jnp.linalg.norm(a, ord=2)
 
 
-def _orthonormal_basis(a: Float[Array, "m n"]) -> Float[Array, "m n"]:
+@_batched_per_platform(_orthonormal_basis_batched)
+def orthonormal_basis(a: Float[Array, "m n"]) -> Float[Array, "m n"]:
     """The orthonormal factor Q of the thin QR factorisation of the tall ``a`` (m ≥ n): its
     columns span ``a``'s (``jnp.linalg.qr``; under ``vmap`` on CPU one matrix after another,
     on an accelerator :func:`householder_qr`'s Q)."""
     return jnp.linalg.qr(a)[0]
 
 
-def _least_squares(a: Float[Array, "m n"], b: Float[Array, " m"]) -> Float[Array, " n"]:
+@_batched_per_platform(_least_squares_batched)
+def least_squares(a: Float[Array, "m n"], b: Float[Array, " m"]) -> Float[Array, " n"]:
     """The minimum-norm least-squares solution x of ``a x ≈ b`` (``jnp.linalg.lstsq``; under
     ``vmap`` on CPU one system after another, on an accelerator from :func:`svd`'s batched
     pieces)."""
     return jnp.linalg.lstsq(a, b)[0]
-
-
-singular_values = _batched_per_platform(_singular_values, _singular_values_batched)
-svd = _batched_per_platform(_svd, _svd_batched)
-spectral_norm = _batched_per_platform(_spectral_norm, _spectral_norm_batched)
-orthonormal_basis = _batched_per_platform(_orthonormal_basis, _orthonormal_basis_batched)
-least_squares = _batched_per_platform(_least_squares, _least_squares_batched)
