@@ -113,3 +113,28 @@ def arrays(**named: object) -> tuple:
             )
         out.append(jnp.asarray(host))
     return tuple(out)
+
+
+def study_fields(
+    values: dict[str, object],
+    positive: Iterable[str] = (),
+    counts_from_zero: Iterable[str] = (),
+) -> None:
+    """A study's fields, checked before any work: grids (tuples) non-empty and distinct,
+    integers (sizes, counts) >= 1 except ``seed`` and the fields in ``counts_from_zero``
+    (>= 0), numbers finite and >= 0 (> 0 for the fields in ``positive``).
+
+    Raises ``ValueError`` naming the field and the value.
+    """
+    for name, value in values.items():
+        if isinstance(value, tuple) and not value:
+            raise ValueError(f"{name}: expected at least one value, received none")
+        if isinstance(value, tuple) and len(set(value)) != len(value):
+            raise ValueError(f"{name}: values must be distinct, received {value}")
+        for v in value if isinstance(value, tuple) else (value,):
+            if name in ("seed", *counts_from_zero) and isinstance(v, int):
+                in_range(name, v, 0)
+            elif isinstance(v, int) and not isinstance(v, bool):
+                positive_int(name, v)
+            elif isinstance(v, float):
+                in_range(name, v, 0.0, open_low=name in positive)

@@ -15,70 +15,65 @@ from __future__ import annotations
 import ast
 import contextlib
 import dataclasses
-import inspect
 import io
-import itertools
 import os
 import re
 import signal
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
 import tyro
 
-from mhalearn.experiments import DEFAULT, STUDIES
+from mhalearn._validate import study_fields
+from mhalearn.options import options, plain
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
-def plain(text: str | None) -> str:
-    """A docstring as plain text: reST roles and literals unwrapped, whitespace collapsed."""
-    text = re.sub(r":\w+:`~?([^`]+)`", lambda m: m.group(1).split(".")[-1], text or "")
-    return " ".join(text.replace("``", "").split())
-
-
-def field_docs(cls: type) -> dict[str, str]:
-    """Each dataclass field's docstring (the string right after it), base classes first."""
-    docs: dict[str, str] = {}
-    for klass in reversed(cls.__mro__):
-        if not dataclasses.is_dataclass(klass):
-            continue
-        try:
-            body = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0].body
-        except (OSError, TypeError):
-            continue
-        for stmt, after in itertools.pairwise(body):
-            if (
-                isinstance(stmt, ast.AnnAssign)
-                and isinstance(stmt.target, ast.Name)
-                and isinstance(after, ast.Expr)
-                and isinstance(after.value, ast.Constant)
-                and isinstance(after.value.value, str)
-            ):
-                docs[stmt.target.id] = plain(after.value.value)
-    return docs
-
-
 def _benchmarks() -> dict[str, str]:
-    """The benchmark scripts of a source checkout, with the first line of their docstrings."""
+    """The benchmark scripts of a source checkout, with the first paragraph of their
+    docstrings."""
     if not BENCHMARKS.is_dir():
         return {}
     out = {}
     for path in sorted(BENCHMARKS.glob("*.py")):
         if not path.stem.startswith("_"):
             doc = ast.get_docstring(ast.parse(path.read_text())) or ""
-            out[path.stem] = doc.splitlines()[0].rstrip(".") if doc else ""
+            out[path.stem] = " ".join(doc.split("\n\n")[0].split()).rstrip(".")
     return out
 
 
+STUDY_NAMES: tuple[str, ...] = tuple(options()["studies"])
+DEFAULT: str = options()["default"]
+_TYPES = {"int": int, "float": float, "str": str, "bool": bool}
+
+
+def _spec(name: str) -> type:
+    """Study ``name``'s options as a frozen dataclass for the parser (its fields, types,
+    choices, defaults and help, from :data:`OPTIONS`); the study itself is built after."""
+    entry = options()["studies"][name]
+    fields = []
+    for f in entry["fields"]:
+        kind = Literal[tuple(f["choices"])] if f["choices"] else _TYPES[f["type"]]
+        kind = tuple[kind, ...] if f["many"] else kind
+        default = tuple(f["default"]) if f["many"] else f["default"]
+        help = tyro.conf.arg(help=f["help"])
+        fields.append((f["name"], Annotated[kind, help], dataclasses.field(default=default)))
+    spec = dataclasses.make_dataclass(f"{name}_options", fields, frozen=True)
+    spec.__doc__, spec.study = entry["description"], name
+    return spec
+
+
+SPECS = {name: _spec(name) for name in STUDY_NAMES}
+
+
 def _description() -> str:
-    studies = "; ".join(f"{name}: {cls.summary}" for name, cls in STUDIES.items())
+    studies = "; ".join(f"{name}: {e['summary']}" for name, e in options()["studies"].items())
     return (
         "Simulate how multi-head attention layers are learned: many random problems (a "
         "teacher or a data set, its samples, a learner's start) are fitted side by side in one "
@@ -90,10 +85,18 @@ def _description() -> str:
     )
 
 
+def _precision_help() -> str:
+    by = {}
+    for name, entry in options()["studies"].items():
+        by.setdefault(entry["precision"], []).append(name)
+    own = "; ".join(f"{p} for {', '.join(names)}" for p, names in sorted(by.items()))
+    return f"Floating-point precision; study: the study's own ({own})."
+
+
 Study = Union[  # noqa: UP007 (built at runtime)
     tuple(
-        Annotated[cls, tyro.conf.subcommand(name, default=cls(), description=plain(cls.__doc__))]
-        for name, cls in STUDIES.items()
+        Annotated[spec, tyro.conf.subcommand(name, default=spec(), description=spec.__doc__)]
+        for name, spec in SPECS.items()
     )
 ]
 
@@ -110,19 +113,20 @@ class Run:
     every other option the same) computes only the new cells. Writes OUT/STUDY/results.nc
     and figure.png."""
 
-    study: Study = STUDIES[DEFAULT]()  # noqa: RUF009 (frozen, immutable)
+    study: Study = SPECS[DEFAULT]()  # noqa: RUF009 (frozen, immutable)
     out: Path = Path("results")
     """Results go to OUT/STUDY/."""
-    precision: Literal["study", "float32", "float64"] = "study"
-    """Floating-point precision; study: the study's own (float64 for recovery, else float32)."""
+    precision: Annotated[
+        Literal["study", "float32", "float64"], tyro.conf.arg(help=_precision_help())
+    ] = "study"
     chunk_size: Annotated[int | None, _unset("all instances at once")] = None
     """Instances per compiled call (bounds memory); results do not depend on it."""
     devices: Annotated[int | None, _unset("every device")] = None
     """How many devices to spread instances over."""
     cpu_devices: Annotated[int | None, _unset("one device")] = None
-    """Split the CPU into this many devices (e.g. one per core), each program compiled once:
-    faster GD runs and variable projection at N ≥ 1000, slower variable projection at tiny N
-    (measured, README Performance)."""
+    """Split the CPU into this many devices (e.g. one per core), each program compiled once;
+    faster for GD runs and for variable projection at N ≥ 1000, slower for variable projection
+    at tiny N (docs: Performance)."""
     overwrite: bool = False
     """Replace everything in OUT/STUDY/ (results of another config included)."""
     quiet: bool = False
@@ -204,11 +208,22 @@ def _exit_on_signals(message: str) -> None:
 # ---- the commands ----------------------------------------------------------------------------
 
 
+def build_study(spec: Any):
+    """The study of the parsed options ``spec``: the options every study shares are checked
+    first, without importing JAX; then the study class checks the rest."""
+    entry = options()["studies"][spec.study]
+    values = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)}
+    study_fields(values, entry["positive"], entry["counts_from_zero"])
+    from mhalearn.experiments import STUDIES
+
+    return STUDIES[spec.study](**values)
+
+
 def run(cfg: Run) -> Path:
     """Validate every option, then run: nothing is written before all of them pass."""
+    study = build_study(cfg.study)
     from mhalearn import split_cpu
 
-    study = cfg.study
     if cfg.cpu_devices is not None:
         split_cpu(cfg.cpu_devices)
     from mhalearn import enable_compilation_cache
@@ -257,18 +272,20 @@ def _teacher_report(ds) -> list[str]:
 
 
 def list_studies(_: List) -> None:
-    for name, cls in STUDIES.items():
+    for name, entry in options()["studies"].items():
         default = " (default)" if name == DEFAULT else ""
-        print(f"{name}{default}: {cls.summary}")
-        docs, defaults = field_docs(cls), cls()
-        for f in dataclasses.fields(cls):
-            print(f"    --{f.name.replace('_', '-')} {_show(getattr(defaults, f.name))}")
-            print(f"        {docs.get(f.name, '')}")
+        print(f"{name}{default}: {entry['summary']}")
+        for f in entry["fields"]:
+            value = tuple(f["default"]) if f["many"] else f["default"]
+            print(f"    --{f['name'].replace('_', '-')} {_show(value)}")
+            print(f"        {f['help']}")
     from mhalearn.learners import LEARNERS, learner_label
 
+    fields = options()["studies"][DEFAULT]["fields"]
+    steps = next(f["default"] for f in fields if f["name"] == "steps")
     print("Learners (--learner NAME ..., at the study's --steps where they take steps):")
     for name in LEARNERS:
-        print(f"    {learner_label(name, STUDIES[DEFAULT].steps)}")
+        print(f"    {learner_label(name, steps)}")
 
 
 def _show(value) -> str:
@@ -336,11 +353,11 @@ def _place_study(argv: list[str]) -> list[str]:
         return argv
     rest = argv[1:]
     for i, arg in enumerate(rest):
-        if arg in STUDIES:
+        if arg in STUDY_NAMES:
             return ["run", arg, *rest[:i], *rest[i + 1 :]]
     if rest and not rest[0].startswith("-"):
         raise ValueError(
-            f"unknown study {rest[0]!r}; expected one of {', '.join(sorted(STUDIES))} "
+            f"unknown study {rest[0]!r}; expected one of {', '.join(sorted(STUDY_NAMES))} "
             "(`mhalearn list` describes them)"
         )
     return argv

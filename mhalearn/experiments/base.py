@@ -28,7 +28,7 @@ from typing import Any, ClassVar
 import jax
 import numpy as np
 
-from mhalearn._validate import in_range, positive_int
+from mhalearn._validate import study_fields
 from mhalearn.batch import Engine, provenance
 from mhalearn.simulate import Results, grid_dataset, to_jsonable
 from mhalearn.variables import annotate
@@ -66,23 +66,10 @@ class Study:
         raise NotImplementedError
 
     def __post_init__(self):
-        """Checks every field before any work: grids are non-empty and distinct, integers
-        (sizes, counts) >= 1 except ``seed`` and the fields in ``counts_from_zero`` >= 0,
-        numbers finite and >= 0 (> 0 for the fields in ``positive``; each study adds its
-        stricter checks)."""
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, tuple) and not value:
-                raise ValueError(f"{f.name}: expected at least one value, received none")
-            if isinstance(value, tuple) and len(set(value)) != len(value):
-                raise ValueError(f"{f.name}: values must be distinct, received {value}")
-            for v in value if isinstance(value, tuple) else (value,):
-                if f.name in ("seed", *self.counts_from_zero) and isinstance(v, int):
-                    in_range(f.name, v, 0)
-                elif isinstance(v, int) and not isinstance(v, bool):
-                    positive_int(f.name, v)
-                elif isinstance(v, float):
-                    in_range(f.name, v, 0.0, open_low=f.name in self.positive)
+        """Checks every field before any work (:func:`~mhalearn._validate.study_fields`);
+        each study adds its stricter checks."""
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        study_fields(values, self.positive, self.counts_from_zero)
 
     def cells(self) -> list[dict[str, Any]]:
         """The static grid: one dict (static axis → value) per compiled cell, every
@@ -118,13 +105,19 @@ class Study:
         return {}
 
 
-#: every study the command, the tests and :func:`plot` know, by name (:func:`register_study`)
 STUDIES: dict[str, type[Study]] = {}
+"""Every registered study, by name (:func:`register_study`): the built-in ones, which the
+command runs, and any registered since."""
 
 
 def register_study(cls: type[Study]) -> type[Study]:
-    """Make a study known by its ``name`` to the command, the tests and :func:`plot` (a class
-    decorator). It must have a "tiny" preset and a figure."""
+    """Make a study known by its ``name`` to :data:`STUDIES` and :func:`plot` (a class
+    decorator); the command runs the built-in ones (:mod:`mhalearn.options`).
+
+    Raises:
+        ValueError: the study has no "tiny" preset (the size the tests run), no figure, or
+            its name is taken.
+    """
     if "tiny" not in cls.presets:
         raise ValueError(f"study {cls.name!r} needs a 'tiny' preset (the size tests run)")
     if cls.figure is Study.figure:
