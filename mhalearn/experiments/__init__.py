@@ -17,7 +17,8 @@ from mhalearn.experiments.samples import Samples
 from mhalearn.experiments.sculpt import Sculpt
 from mhalearn.experiments.stepsize import StepSize
 
-DEFAULT = "recovery"
+DEFAULT = "phase"
+"""The study ``mhalearn run`` runs without a name."""
 
 __all__ = [
     "DEFAULT",

@@ -43,6 +43,24 @@ from mhalearn.teachers import TeacherSpec
 #: the default grid of N/N_c: ten values, log-spaced from 0.5 to 32
 RATIOS = (0.5, 0.794, 1.26, 2.0, 3.17, 5.04, 8.0, 12.7, 20.2, 32.0)
 
+#: the full variable-projection diagram (notebook 09; 33 min on 2 cores): 10 N × heads 1–3 ×
+#: β {1, 4, 16} × 1024 teachers, dim 8
+FULL: dict[str, Any] = dict(
+    learner=("varpro",),
+    ratio=RATIOS,
+    heads=(1, 2, 3),
+    dim=(8,),
+    inputs=("boolean",),
+    beta=(1.0, 4.0, 16.0),
+    steps=3000,
+    instances=1024,
+    bootstrap=1000,
+)
+#: notebook 09's small size: the full diagram's learner and budgets on a small grid
+SMALL: dict[str, Any] = dict(
+    ratio=(0.5, 2.0, 8.0), heads=(1, 2), dim=(4,), beta=(1.0, 4.0), instances=8
+)
+
 #: the dimensions every threshold variable has (in this order)
 THRESHOLD_DIMS = ("learner", "inputs", "dim", "heads", "beta")
 
@@ -69,8 +87,13 @@ def describe_learner(name: str, steps: int, stop_loss: float) -> str:
 @dataclasses.dataclass(frozen=True)
 class Phase(Study):
     """Success, failure type and thresholds of each learner vs N/N_c, heads and β (static
-    grid: learner × inputs × dim × heads × ratio; β swept inside a cell). The defaults are the
-    full variable-projection diagram: 10 N × heads 1–3 × β {1, 4, 16} × 1024 teachers."""
+    grid: learner × inputs × dim × heads × ratio; β swept inside a cell).
+
+    The defaults are ``mhalearn run``'s main job, about a minute on 2 cores: variable
+    projection from random starts beside the oracle (variable projection from the perturbed
+    teacher) on the same 64 teachers per point, heads 1 and 2, dim 4, β 4, N/N_c from 0.5 to 8.
+    The full diagram of notebook 09 is the preset ``"full"`` (:data:`FULL`).
+    """
 
     name = "phase"
     summary = "where teachers stop being recovered: success vs N/N_c × heads × β, per learner"
@@ -90,42 +113,59 @@ class Phase(Study):
             bootstrap=50,
         ),
         # notebook 09's sizes: small (CI) and full, each with its variants
-        "small": dict(ratio=(0.5, 2.0, 8.0), heads=(1, 2), dim=(4,), beta=(1.0, 4.0), instances=8),
-        "small_learners": dict(
-            learner=("adam", "chen_li"),
-            ratio=(2.0, 8.0),
-            heads=(1, 2),
-            dim=(4,),
-            beta=(4.0,),
-            steps=300,
-            instances=4,
-        ),
-        "small_gaussian": dict(
-            inputs=("gaussian",), ratio=(2.0, 8.0), heads=(1, 2), dim=(4,), beta=(4.0,), instances=4
-        ),
-        "small_dim": dict(ratio=(2.0, 8.0), heads=(2,), dim=(3, 4), beta=(4.0,), instances=4),
-        "full": dict(),
+        "small": {**FULL, **SMALL},
+        "small_learners": {
+            **FULL,
+            **SMALL,
+            "learner": ("adam", "chen_li"),
+            "ratio": (2.0, 8.0),
+            "beta": (4.0,),
+            "steps": 300,
+            "instances": 4,
+        },
+        "small_gaussian": {
+            **FULL,
+            **SMALL,
+            "inputs": ("gaussian",),
+            "ratio": (2.0, 8.0),
+            "beta": (4.0,),
+            "instances": 4,
+        },
+        "small_dim": {
+            **FULL,
+            **SMALL,
+            "ratio": (2.0, 8.0),
+            "heads": (2,),
+            "dim": (3, 4),
+            "beta": (4.0,),
+            "instances": 4,
+        },
+        "full": FULL,
         # the slower learners beside variable projection on the same teachers, heads 1–4 at β 4
-        "full_learners": dict(
-            learner=("varpro", "adam", "chen_li"), heads=(1, 2, 3, 4), beta=(4.0,), instances=256
-        ),
-        "full_gaussian": dict(inputs=("gaussian",)),
-        # the threshold vs dim at two heads: 1024 teachers, as the default diagram
-        "full_dim": dict(dim=(4, 8, 16), heads=(2,), beta=(4.0,)),
+        "full_learners": {
+            **FULL,
+            "learner": ("varpro", "adam", "chen_li"),
+            "heads": (1, 2, 3, 4),
+            "beta": (4.0,),
+            "instances": 256,
+        },
+        "full_gaussian": {**FULL, "inputs": ("gaussian",)},
+        # the threshold vs dim at two heads: 1024 teachers, as the full diagram
+        "full_dim": {**FULL, "dim": (4, 8, 16), "heads": (2,), "beta": (4.0,)},
     }
 
-    learner: tuple[str, ...] = ("varpro",)
+    learner: tuple[str, ...] = ("varpro", "oracle")
     """Learners (one cell each), by registered name; every one sees the same teachers and
     samples."""
-    ratio: tuple[float, ...] = RATIOS
+    ratio: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0, 8.0)
     """Training samples in units of N_c = 2·heads·dim/tokens (one cell each; N rounded)."""
-    heads: tuple[int, ...] = (1, 2, 3)
+    heads: tuple[int, ...] = (1, 2)
     """Heads m of teacher and student (one cell each)."""
-    dim: tuple[int, ...] = (8,)
+    dim: tuple[int, ...] = (4,)
     """Token dimensions d (one cell each)."""
     inputs: tuple[str, ...] = ("boolean",)
     """Token distributions of the inputs, "boolean" and/or "gaussian" (one cell each)."""
-    beta: tuple[float, ...] = (1.0, 4.0, 16.0)
+    beta: tuple[float, ...] = (4.0,)
     """Teacher attention scales β (‖Θ_i‖_F ≈ β), swept inside a cell."""
     tokens: int = 4
     """Sequence length k."""
@@ -141,7 +181,7 @@ class Phase(Study):
     """A fit explains the training data when its training loss exceeds the teacher's by at most
     this times mean(Y²); a failed fit that does is non-identified, one that does not is an
     optimisation failure."""
-    instances: int = 1024
+    instances: int = 64
     """Random teachers per grid point."""
     bootstrap: int = 1000
     """Bootstrap replicates (resampled teachers) for the thresholds' intervals."""
@@ -290,12 +330,13 @@ class Phase(Study):
 
     @staticmethod
     def figure(ds):
-        """Heatmaps of the share of teachers recovered, of optimisation failures and of
-        non-identified fits over (N/N_c, heads) — or over (N/N_c, dim) when the study has one
-        head count and several dims — a row per learner × β (the first inputs, and the first
-        dim or head count), N*₅₀/N_c marked on the success map; below, N*₅₀/N_c vs heads per
-        inputs with its power-law and exponential fits when there are several head counts,
-        and vs dim when there are several dims."""
+        """Top row: the share of teachers recovered vs N/N_c with Wilson 95% bars, a panel per
+        head count (or per dim when the study has one head count and several dims), a curve per
+        learner × β, N*₅₀/N_c marked with its interval. Below, heatmaps of the shares recovered,
+        failed to optimise and non-identified over (N/N_c, heads or dim), a row per learner ×
+        β (the first inputs, and the first dim or head count), with a colour bar; at the bottom,
+        N*₅₀/N_c vs heads per inputs with its power-law and exponential fits when there are
+        several head counts, and vs dim when there are several dims."""
         config = plots.config_of(ds)
         along = "dim" if ds.sizes["heads"] == 1 and ds.sizes["dim"] > 1 else "heads"
         across = "heads" if along == "dim" else "dim"
@@ -303,16 +344,20 @@ class Phase(Study):
         rows = list(itertools.product(one["learner"].values, one["beta"].values))
         by_heads = ds.sizes["heads"] > 1
         below = by_heads * ds.sizes["inputs"] + (ds.sizes["dim"] > 1)
-        cols = max(3, below)
-        fig, axes = plots.panels(len(rows) + (below > 0), cols, width=4.0, height=2.6)
-        for i, (learner, beta) in enumerate(rows):
-            _heatmaps(
+        cols = max(3, below, one.sizes[along])
+        fig, axes = plots.panels(1 + len(rows) + (below > 0), cols, width=4.0, height=2.8)
+        _curves(axes[0], one, rows, along)
+        for ax in axes[0, one.sizes[along] :]:
+            ax.remove()
+        for i, (learner, beta) in enumerate(rows, start=1):
+            mesh = _heatmaps(
                 axes[i], one.sel(learner=learner, beta=beta), f"{learner}, β = {beta:g}", along
             )
+            fig.colorbar(mesh, ax=axes[i, 2], label="share of teachers", pad=0.02)
             for ax in axes[i, 3:]:
                 ax.remove()
         if below:
-            last = axes[len(rows)]
+            last = axes[1 + len(rows)]
             if by_heads:
                 for j, inputs in enumerate(ds["inputs"].values):
                     _thresholds_vs_heads(last[j], ds.sel(inputs=inputs).isel(dim=0))
@@ -325,12 +370,16 @@ class Phase(Study):
         steps, stop = config.get("steps", Phase.steps), config.get("stop_loss", Phase.stop_loss)
         learners = "; ".join(describe_learner(str(v), steps, stop) for v in ds["learner"].values)
         caption = (
-            f"Heatmaps: share (in %) of the {n} teachers per cell recovered (every matched Θ_i "
+            f"Top row and heatmaps: share (in %) of the {n} teachers per cell recovered "
+            "(every matched Θ_i "
             f"and W_i within relative error {config.get('success_tol', '?')}), failed with a "
             f"training loss above the teacher's by more than {config.get('fit_tol', '?')}·mean(Y²) "
             "(optimisation failure), or failed with the training data fitted (non-identified); "
-            f"the widest Wilson 95% interval of a share at {n} teachers is ±{widest / 2:.2f}. "
-            "N_c = 2·heads·dim/tokens. Red triangles and bottom row: N*50/N_c, where the logistic "
+            "bars on the top row: Wilson 95% intervals (the widest at "
+            f"{n} teachers is ±{widest / 2:.2f}). "
+            "N_c = 2·heads·dim/tokens. Red triangles, horizontal bars at one half on the top "
+            "row and "
+            "the bottom row: N*50/N_c, where the logistic "
             "fit (in log N) of the success share crosses one half, with 95% bootstrap intervals "
             "over teachers (at least the two grid points around a jump from 0 to 1). Thin lines: "
             "least-squares fits of log(N*50/N_c) on log m (dashed: power law, rate k) and on m "
@@ -345,15 +394,15 @@ class Phase(Study):
         return plots.finish(fig, title, caption)
 
 
-def _heatmaps(axes, cell, name: str, along: str = "heads") -> None:
+def _heatmaps(axes, cell, name: str, along: str = "heads"):
     """The three shares of one learner × β over (N/N_c, ``along``: heads or dim), the
-    threshold on the first."""
+    threshold on the first; returns the last mesh (for the colour bar)."""
     ratios, rows = np.asarray(cell["ratio"].values, float), cell[along].values
     kinds = ("success", "failure_optimisation", "failure_identification")
     titles = ("recovered", "optimisation failure", "non-identified (data fitted)")
     for ax, kind, title in zip(axes, kinds, titles, strict=False):
         share = cell[kind].mean("instance").transpose(along, "ratio").values
-        plots.heatmap(ax, share, ratios, rows, vmin=0, vmax=1, cmap="viridis")
+        mesh = plots.heatmap(ax, share, ratios, rows, vmin=0, vmax=1, cmap="viridis")
         for (r, c), v in np.ndenumerate(share):
             if np.isfinite(v):
                 color = "k" if v > 0.6 else "w"
@@ -369,7 +418,7 @@ def _heatmaps(axes, cell, name: str, along: str = "heads") -> None:
         ax.set_xticks(ratios, [f"{v:g}" for v in ratios], fontsize=6, rotation=90)
         ax.minorticks_off()
         label = "heads m" if along == "heads" else "token dimension d"
-        ax.set(xlabel="N / N_c", ylabel=f"{name}\n{label}", title=f"{title}: {name}")
+        ax.set(xlabel="N / N_c", ylabel=f"{name}\n{label}", title=title)
     t = cell["threshold_ratio"].values
     lo, hi = cell["threshold_ratio_lower"].values, cell["threshold_ratio_upper"].values
     ok = np.isfinite(t)
@@ -384,6 +433,27 @@ def _heatmaps(axes, cell, name: str, along: str = "heads") -> None:
             capsize=2,
             label="N*50/N_c with its 95% bootstrap interval",
         )
+    return mesh
+
+
+def _curves(axes, one, rows, along: str) -> None:
+    """The share recovered vs N/N_c with Wilson bars, a panel per value of ``along`` and a
+    curve per (learner, β) of ``rows``; N*₅₀/N_c at one half with its interval."""
+    ratios = np.asarray(one["ratio"].values, float)
+    for ax, value in zip(axes, one[along].values, strict=False):
+        for i, (learner, beta) in enumerate(rows):
+            c = one.sel({"learner": learner, "beta": beta, along: value})
+            at = plots.shift(i, len(rows))
+            plots.rate(ax, c["success"], "ratio", f"{learner}, β = {beta:g}", at, **plots.style(i))
+            t = float(c["threshold_ratio"])
+            if np.isfinite(t):
+                lo, hi = float(c["threshold_ratio_lower"]), float(c["threshold_ratio_upper"])
+                ax.errorbar(
+                    t, 0.5, xerr=[[t - lo], [hi - t]], fmt="|", ms=12, color=f"C{i}", capsize=4
+                )
+        plots.values_axis(ax, ratios, "N / N_c")
+        ax.set(ylim=(-0.03, 1.03), ylabel="share recovered")
+        ax.set_title(f"recovered vs N/N_c: {'heads m' if along == 'heads' else 'dim d'} {value}")
 
 
 def _thresholds_vs_heads(ax, one) -> None:
