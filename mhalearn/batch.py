@@ -1,60 +1,18 @@
 """THE place that maps a per-instance function over many instances.
 
-:func:`map_instances` runs ``fn(key_i, per_instance_i, shared)`` for i = 0 .. instances−1:
-
-- **Keys.** ``key_i = fold_in(root_key, key_ids[i])`` with ``key_ids`` the global instance
-  indices by default, so a result never depends on chunking, device count or evaluation
-  order. Give ``key_ids`` to make instances share their randomness (the same teacher, data
-  and start under different swept hyperparameters).
-- **Chunks.** Instances are computed ``chunk_size`` at a time, one compiled call per chunk
-  (the last chunk is padded, so there is one compilation). Everything an instance needs is
-  generated inside ``fn`` from its key, so peak memory is set by the chunk, not by the number
-  of instances; results are gathered on the host chunk by chunk, each group's outputs as one
-  array of their bytes (:func:`_packed`).
-- **Devices and hosts.** In one process, the chosen devices pull a chunk's groups (below)
-  one after another, each taking the next as soon as it has finished its last
-  (:func:`_pulled`): a device whose instances take longer runs fewer groups (variable
-  projection's fits differ in how many Gauss–Newton systems they need, and fixed halves
-  left one device waiting for the other). After
-  ``jax.distributed.initialize`` a chunk is split into equal blocks, one per device of
-  every process, the results form one Array sharded over a 1-D mesh of those devices, and
-  each process receives the full results (:func:`_blocks`). On a CPU split into one device
-  per core (:func:`split_cpu`)
-  the cores run instance programs side by side, all of them one binary, compiled once and
-  loaded for each device (:func:`_relocated`).
-- **Vector width.** The compiled unit is a group of ``vector_width`` instances on one
-  device. On CPU the group is a loop: its instances run one after another through the plain,
-  unbatched program, so a result is the same bit for bit at every width, and a width only
-  saves calls — by default the largest power of two up to :data:`CPU_GROUP` of which each
-  device receives at least four groups. (Vmapped groups on several CPU devices could hang for
-  good: jaxlib's LAPACK kernels split a batched call, such as the triangular solves of a
-  vmapped Cholesky solve, over XLA:CPU's intra-op thread pool and wait for the pieces from a
-  thread of that pool, and two such programs on two devices of a two-core machine held both
-  threads — seen with variable projection at width 2, jax 0.10.2.) On an accelerator the
-  group is vmapped, as wide as fits in half its memory (:func:`fitted_width`, from the
-  compiler's memory report of a 32-wide probe) up to the instances each device receives in
-  a chunk, so thousands of instances are in flight per call. Results are bitwise identical
-  for every chunk size and device count: on CPU at any width; on an accelerator for a given
-  width (its fitted width depends on the instance count and memory: give ``vector_width``
-  to pin it; ``stats`` reports the width used).
-- **One BLAS thread.** While instance programs run on CPU devices, the BLAS libraries of
-  the process (the OpenBLAS behind jaxlib's LAPACK kernels) are held to one thread
-  (:func:`_one_blas_thread`): the devices already use every core, and OpenBLAS's threads,
-  which wait for work by spinning, otherwise took up to half the CPU time from them — the
-  steady state at the first cell of benchmarks/recovery_speed.py went from 2.5 s to 1.6 s.
-- **Compiler options.** Instance programs are compiled with :func:`compiler_options` (on CPU:
-  matrix products through the YNNPACK library) unless ``options`` says otherwise.
-- **Matrix-product precision.** Instance programs are traced at
-  :data:`MATMUL_PRECISION` (``"highest"``: float32 products in float32 on every device)
-  unless ``jax_default_matmul_precision`` is set: JAX's own default computes float32 products
-  in TensorFloat-32 on NVIDIA GPUs since Ampere (about 10 bits of mantissa; float32 GD on an
-  H200 then differed from the CPU by 1e-4 relative, against 2e-7 at ``"highest"``,
-  benchmarks/accelerator_agreement.py). On CPU both are float32, bit for bit.
-- **Compiled once per process.** A compiled program is kept (the last 32) and reused by any
-  later call with the same function, static settings, shapes, width, options and device —
-  another seed, other swept values, a cell of the same shapes — as long as the function is
-  the same object (:func:`~mhalearn.simulate.simulate` always passes the same one);
-  :func:`clear_programs` forgets them.
+:func:`map_instances` runs ``fn(key_i, per_instance_i, shared)`` for i = 0 .. instances−1,
+with ``key_i = fold_in(root_key, key_ids[i])`` (``key_ids``: the global instance indices by
+default; give them to make instances share their randomness). Instances are computed
+``chunk_size`` at a time (peak memory is set by the chunk), spread over the chosen devices
+of this process, or over every process after ``jax.distributed.initialize``, in groups of
+``vector_width`` instances per compiled call: a loop of the unbatched program on CPU, a
+vmap on an accelerator. Results are bitwise identical for every chunk size and device count
+(on CPU at any width; on an accelerator for a given width). Compiled programs are kept and
+reused by later calls with the same function, static settings, shapes, width, options and
+device (:func:`clear_programs` forgets them). :class:`Engine` carries the options;
+:func:`set_precision`, :func:`split_cpu` and :func:`enable_compilation_cache` configure the
+process. How and why the engine schedules work as it does: the documentation's performance
+page ("How the engine maps instances").
 """
 
 from __future__ import annotations

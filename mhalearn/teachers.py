@@ -42,6 +42,8 @@ FAMILIES: tuple[str, ...] = (
     "rank_one",
     "two_tokens",
 )
+"""The teacher families of :class:`TeacherSpec` (``family``): random draws, and the stress
+families that each break a non-degeneracy check on purpose."""
 
 # Which non-degeneracy checks a family must pass (the stress families deliberately break some).
 CHECKS = ("w_norm", "separation", "sigma_ratio", "theta_sv")
@@ -124,16 +126,26 @@ class TeacherSpec(eqx.Module):
 class ParameterDiagnostics(eqx.Module):
     """Scale-free measures of a teacher's (non-)degeneracy; see the module docstring."""
 
-    w_norm: Float[Array, ""]  # min_i ‖W_i‖_F / rms ‖W_j‖_F
-    separation: Float[Array, ""]  # min_{i≠j} ‖Θ_i − Θ_j‖_F / rms ‖Θ_j‖_F (inf for one head)
-    sigma_ratio: Float[Array, ""]  # σ_min(ΣW) / ‖ΣW‖₂
-    theta_sv: Float[Array, ""]  # σ_min of the rows vec(Θ_i)/‖Θ_i‖_F
-    sum_w_norm: Float[Array, ""]  # ‖ΣW‖_F / sqrt(Σ_i ‖W_i‖²_F)  (≈ 1 random, ≈ ε cancelling)
+    w_norm: Float[Array, ""]
+    """min_i ‖W_i‖_F / rms_j ‖W_j‖_F: no vanishing head."""
+    separation: Float[Array, ""]
+    """min_{i≠j} ‖Θ_i − Θ_j‖_F / rms_j ‖Θ_j‖_F (inf for one head): separated heads."""
+    sigma_ratio: Float[Array, ""]
+    """σ_min(ΣW) / ‖ΣW‖₂."""
+    theta_sv: Float[Array, ""]
+    """σ_min of the rows vec(Θ_i)/‖Θ_i‖_F: robustly independent Θ's."""
+    sum_w_norm: Float[Array, ""]
+    """‖ΣW‖_F / sqrt(Σ_i ‖W_i‖²_F): about 1 for random heads, about ε when they cancel."""
 
 
 def parameter_diagnostics(
     theta: Float[Array, "heads dim dim"], W: Float[Array, "heads dim dim"]
 ) -> ParameterDiagnostics:
+    """The scale-free non-degeneracy measures of the layer (Θ, W).
+
+    Raises:
+        ValueError: ``theta`` and ``W`` are not both (heads, dim, dim).
+    """
     theta, W = arrays(theta=theta, W=W)
     check_shapes(("theta", theta, "heads dim dim"), ("W", W, "heads dim dim"))
     heads = theta.shape[0]
@@ -192,8 +204,12 @@ def draw_teacher(key: PRNGKeyArray, spec: TeacherSpec) -> LayerParams:
 
 
 class TeacherInfo(eqx.Module):
-    attempts: Int[Array, ""]  # draws made (1 = the first draw was accepted)
-    accepted: Bool[Array, ""]  # False: max_attempts exhausted, the last draw is returned
+    """How a teacher's rejection sampling went."""
+
+    attempts: Int[Array, ""]
+    """Draws made (1: the first draw was accepted)."""
+    accepted: Bool[Array, ""]
+    """False when ``max_attempts`` draws all failed the checks (the last one is returned)."""
 
 
 def sample_teacher_with_info(

@@ -19,26 +19,44 @@ from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree
 
 
 class Trace(eqx.Module):
+    """A fit's training curve at its logged steps (log-spaced or every k steps, bounded)."""
+
     steps: Int[Array, " snapshots"]
-    loss: Float[Array, " snapshots"]  # full training loss at each snapshot
+    """The step (or iteration) of each snapshot; 0 is the start."""
+    loss: Float[Array, " snapshots"]
+    """The full training loss at each snapshot."""
     metrics: dict[str, Float[Array, " snapshots"]]
+    """The monitor's metrics at each snapshot (NaN where not evaluated)."""
 
 
 class Status(eqx.Module):
+    """How a fit ended."""
+
     diverged: Bool[Array, ""]
-    diverged_at: Int[Array, ""]  # step whose update was not finite; -1 if none
-    converged: Bool[Array, ""]  # stopped early at the tolerance
-    steps_taken: Int[Array, ""]  # updates (or iterations) done
+    """The loss or an update turned non-finite; the instance was frozen there."""
+    diverged_at: Int[Array, ""]
+    """The step whose update was not finite; -1 if none."""
+    converged: Bool[Array, ""]
+    """Stopped early at the learner's tolerance."""
+    steps_taken: Int[Array, ""]
+    """Updates (or iterations) done."""
 
 
 class Fit(eqx.Module):
+    """What a learner returns for one instance: only what it knows without the truth."""
+
     params: PyTree
+    """The fitted parameters (a :class:`~mhalearn.params.LayerParams` or
+    :class:`~mhalearn.params.ClassifierParams`)."""
     trace: Trace
+    """The training curve at the logged steps."""
     status: Status
-    info: dict[str, Array] = eqx.field(default_factory=dict)  # the learner's own diagnostics
-    # the learner's estimates of quantities of the truth (intermediate results such as a ΣW
-    # estimate or a span), scored against the truth by the task (mhalearn.metrics)
+    """How the fit ended."""
+    info: dict[str, Array] = eqx.field(default_factory=dict)
+    """The learner's own diagnostics (reported as ``info_*`` variables)."""
     estimates: dict[str, Array] = eqx.field(default_factory=dict)
+    """The learner's estimates of quantities of the truth (a ΣW estimate, a span), which the
+    task scores against the truth (:mod:`mhalearn.metrics`)."""
 
 
 def nan_last(cost: Float[Array, "*shape"]) -> Float[Array, "*shape"]:
@@ -47,8 +65,9 @@ def nan_last(cost: Float[Array, "*shape"]) -> Float[Array, "*shape"]:
     return jnp.where(jnp.isnan(cost), jnp.inf, cost)
 
 
-#: ``monitor(params) -> {name: scalar}``: metrics a learner records at its trace's snapshots
 Monitor = Callable[[PyTree], dict[str, Array]]
+"""``monitor(params) -> {name: scalar}``: metrics a learner records at its trace's
+snapshots."""
 
 
 @runtime_checkable

@@ -24,6 +24,7 @@ class LearnerEntry:
 
 
 LEARNERS: dict[str, LearnerEntry] = {}
+"""Every registered learner by name: the built-in ones and any registered since."""
 
 
 def register_learner(

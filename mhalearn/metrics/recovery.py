@@ -100,15 +100,34 @@ def largest_principal_angle(
 
 
 class ParameterErrors(eqx.Module):
+    """A student's errors against its teacher, heads matched (:func:`match_heads`); every
+    error is relative, ‖X̂ − X‖_F / ‖X‖_F per head."""
+
     theta_error_max: Float[Array, ""]
+    """The largest matched head's Θ error."""
     theta_error_mean: Float[Array, ""]
+    """The mean over heads of the matched Θ errors."""
     w_error_max: Float[Array, ""]
+    """The largest matched head's W error."""
     w_error_mean: Float[Array, ""]
-    sum_w_error: Float[Array, ""]  # ‖ΣŴ − ΣW‖_F / ‖ΣW‖_F over all heads
-    span_angle: Float[Array, ""]  # largest principal angle, span{Θ_i} vs span{Θ̂_i}
+    """The mean over heads of the matched W errors."""
+    sum_w_error: Float[Array, ""]
+    """‖ΣŴ − ΣW‖_F / ‖ΣW‖_F over all heads (needs no matching)."""
+    span_angle: Float[Array, ""]
+    """The largest principal angle (rad) between span{Θ_i} and span{Θ̂_i}."""
 
 
 def parameter_errors(student: LayerParams, teacher: LayerParams) -> ParameterErrors:
+    """The errors of ``student`` against ``teacher`` (same number of heads), with the heads
+    matched at the least total error.
+
+    Args:
+        student: the fitted layer.
+        teacher: the true layer.
+
+    Returns:
+        A :class:`ParameterErrors` of scalars.
+    """
     s_idx, t_idx = match_heads(student, teacher)
     theta_err = relative_errors(student.theta[s_idx], teacher.theta[t_idx])
     w_err = relative_errors(student.W[s_idx], teacher.W[t_idx])
@@ -318,11 +337,16 @@ def success(errors: ParameterErrors, tol: float | Array) -> Bool[Array, ""]:
 
 
 class ClassificationErrors(eqx.Module):
+    """A classifier's losses on labelled samples."""
+
     loss: Float[Array, ""]
-    error: Float[Array, ""]  # 0-1 error
+    """The mean logistic loss."""
+    error: Float[Array, ""]
+    """The 0-1 error: the share of samples whose score's sign is not the label."""
 
 
 def classification_errors(
     scores: Float[Array, " n"], y: Float[Array, " n"]
 ) -> ClassificationErrors:
+    """The mean logistic loss and the 0-1 error of ``scores`` against labels ``y`` in ±1."""
     return ClassificationErrors(loss=logistic_loss(scores, y), error=zero_one_error(scores, y))

@@ -49,13 +49,19 @@ def ntk_features(
 
 
 def ntk_gram(features: Float[Array, "n features"]) -> Float[Array, "n n"]:
+    """The NTK Gram matrix K = ΦΦᵀ of per-sample features (:func:`ntk_features`)."""
     return features @ features.T
 
 
 class SVMMargin(eqx.Module):
-    margin: Float[Array, ""]  # γ = 1/√(Σα*); 0 when not separable
+    """The hard-margin SVM on a Gram matrix (:func:`svm_margin`)."""
+
+    margin: Float[Array, ""]
+    """γ = 1/√(Σα*); 0 when not separable."""
     separable: Bool[Array, ""]
+    """The dual certifies separability (a certificate when true)."""
     alpha_sum: Float[Array, ""]
+    """Σα* of the dual's solution."""
 
 
 def svm_margin(
@@ -86,6 +92,7 @@ def svm_margin(
 def hessian_vector_product(
     f: Callable[[PyTree], Float[Array, ""]], params: PyTree, v: PyTree
 ) -> PyTree:
+    """∇²f(params)·v by forward-over-reverse differentiation, without forming the Hessian."""
     return jax.jvp(jax.grad(f), (params,), (v,))[1]
 
 
