@@ -718,7 +718,7 @@ def _reporter(progress: bool | Progress, instances: int) -> Progress | None:
         return progress
     if not progress:
         return None
-    from tqdm.auto import tqdm
+    from tqdm import tqdm
 
     bar = tqdm(total=instances, unit="instance", desc="compiling", disable=None)
 

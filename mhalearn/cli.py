@@ -16,6 +16,7 @@ import ast
 import contextlib
 import dataclasses
 import io
+import itertools
 import os
 import re
 import signal
@@ -383,8 +384,8 @@ def _parse(argv: list[str]):
             re.sub(r"^[\s│╭╰╮╯]+|[\s│╭╰╮╯]+$", "", s) for s in captured.getvalue().splitlines()
         ]
         body = []  # the first section of tyro's box (a message may wrap over lines)
-        for line in lines[1:]:
-            if not line.strip("─ "):
+        for line in itertools.dropwhile(lambda s: not s.strip("─- "), lines[1:]):
+            if not line.strip("─- "):  # the end of the section (a rule, boxed or plain)
                 break
             body.append(line)
         message = " ".join(body) or "invalid arguments"

@@ -1,4 +1,5 @@
-"""The command runs in a subprocess: this also exercises the default precision (x64 off)."""
+"""The command: runs in a subprocess (which also exercises the default precision, x64 off),
+bad arguments in process."""
 
 import dataclasses
 import json
@@ -15,6 +16,7 @@ import xarray as xr
 
 from mhalearn import cli
 from mhalearn.experiments import STUDIES
+from mhalearn.options import field_docs, options, study_options
 from mhalearn.store import load
 
 TINY_RUN = ["run", "regimes", "--beta", "1", "4", "--heads", "1", "2", "--inputs", "boolean",
@@ -40,6 +42,7 @@ def snapshot(folder):
     }
 
 
+@pytest.mark.slow
 def test_run_writes_netcdf_and_png_and_resumes(tmp_path):
     out = mhalearn(*TINY_RUN, "--out", str(tmp_path))
     assert out.returncode == 0, out.stderr
@@ -54,6 +57,7 @@ def test_run_writes_netcdf_and_png_and_resumes(tmp_path):
     assert load(folder / "results.nc").identical(ds)
 
 
+@pytest.mark.slow
 def test_quiet_float64_and_plot(tmp_path):
     out = mhalearn(*TINY_RUN, "--out", str(tmp_path), "--precision", "float64", "--quiet")
     assert out.returncode == 0 and out.stdout == "" and out.stderr == ""
@@ -66,6 +70,7 @@ def test_quiet_float64_and_plot(tmp_path):
     assert folder.returncode == 0 and folder.stdout.strip().endswith("regimes/figure.png")
 
 
+@pytest.mark.slow
 def test_a_refused_run_leaves_the_folder_exactly_as_it_was(tmp_path):
     assert mhalearn(*TINY_RUN, "--out", str(tmp_path), "--quiet").returncode == 0
     (tmp_path / "regimes" / "stray.txt").write_text("from the old run")
@@ -86,6 +91,7 @@ def test_a_refused_run_leaves_the_folder_exactly_as_it_was(tmp_path):
     assert not (tmp_path / "regimes" / "stray.txt").exists()
 
 
+@pytest.mark.slow
 def test_growing_the_grid_from_the_command_computes_only_new_cells(tmp_path):
     assert mhalearn(*TINY_RUN, "--out", str(tmp_path), "--quiet").returncode == 0
     larger = [*TINY_RUN, "--heads", "1", "2", "3"]  # the last --heads wins
@@ -99,6 +105,7 @@ def test_growing_the_grid_from_the_command_computes_only_new_cells(tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_two_learners_with_different_diagnostics_and_no_warning(tmp_path):
     run = ["run", "recovery", "--learner", "varpro", "chen_li", "--samples", "40", "--heads", "2",
            "--dim", "4", "--tokens", "3", "--instances", "2", "--quiet"]  # fmt: skip
@@ -120,7 +127,7 @@ def test_list_names_every_study_with_its_options_and_their_meaning():
     assert out.returncode == 0
     for name, cls in STUDIES.items():
         assert f"{name}" in out.stdout and cls.summary in out.stdout
-    assert "recovery (default)" in out.stdout and "--instances 8" in out.stdout
+    assert "phase (default)" in out.stdout and "--instances 64" in out.stdout
     assert "Random teachers per grid point." in out.stdout
     lines = out.stdout.splitlines()
     for i, line in enumerate(lines):
@@ -137,7 +144,7 @@ def test_help_describes_the_tool_and_every_option_in_plain_text():
     for name, cls in STUDIES.items():
         text = mhalearn("run", name, "--help").stdout
         assert "``" not in text and ":func:" not in text and "{None" not in text, name
-        docs = cli.field_docs(cls)
+        docs = field_docs(cls)
         for field in (f.name for f in dataclasses.fields(cls)):  # each one has a meaning
             assert docs.get(field), f"{name}.{field} has no docstring"
             assert "``" not in docs[field] and ":func:" not in docs[field]
@@ -153,6 +160,7 @@ def test_bench_wants_a_name_and_refuses_unknown_ones():
     assert out.returncode == 2 and "unknown benchmark 'nonsense'" in out.stderr
 
 
+@pytest.mark.slow
 def test_options_may_come_before_the_study_name(tmp_path):
     args = ["run", "--instances", "2", "regimes", "--beta", "1", "--heads", "1", "--inputs",
             "boolean", "--samples", "8", "--quiet", "--out", str(tmp_path)]  # fmt: skip
@@ -232,22 +240,39 @@ BAD = [
 ]
 
 
-def test_every_bad_input_gets_one_line_exit_2_and_no_traceback(files):
-    def one(case):
-        args, _ = case
-        return case, mhalearn(*[a.replace("{root}", str(files)) for a in args])
-
-    with ThreadPoolExecutor(2) as pool:
-        results = list(pool.map(one, BAD))
-    for (args, fragment), out in results:
-        lines = out.stderr.strip().splitlines()
-        assert "__tyro" not in out.stderr, (args, out.stderr)
-        assert out.returncode == 2, (args, out.stderr)
-        assert len(lines) == 1 and lines[0].startswith("mhalearn: error: "), (args, out.stderr)
-        assert fragment.replace("{root}", str(files)) in lines[0], (args, lines[0])
-        assert "Traceback" not in out.stderr
+@pytest.mark.parametrize(("args", "fragment"), BAD, ids=[" ".join(a) for a, _ in BAD])
+def test_every_bad_input_gets_one_line_exit_2_and_no_traceback(args, fragment, files, capsys):
+    code = cli.main([a.replace("{root}", str(files)) for a in args])
+    out = capsys.readouterr()
+    lines = out.err.strip().splitlines()
+    assert "__tyro" not in out.err, out.err
+    assert code == 2, out.err
+    assert len(lines) == 1 and lines[0].startswith("mhalearn: error: "), out.err
+    assert fragment.replace("{root}", str(files)) in lines[0], lines[0]
+    assert out.out == ""
 
 
+def test_a_bad_argument_is_answered_without_jax_or_the_studies():
+    """Parsing and the checks every study shares touch neither JAX nor a study module."""
+    script = (
+        "import sys\n"
+        "from mhalearn.cli import main\n"
+        "codes = [main(a) for a in (['run', '--heads', '0'], ['run', 'regimes', '--beta', '-1'],"
+        " ['run', '--bogus'], ['run', 'recovery', '--instances', '1.5'])]\n"
+        "loaded = [m for m in sys.modules if m == 'jax' or m.startswith('mhalearn.experiments')]\n"
+        "print(codes, loaded)\n"
+    )
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert run.returncode == 0 and run.stdout.strip() == "[2, 2, 2, 2] []", run.stdout + run.stderr
+
+
+def test_the_options_file_matches_the_study_classes():
+    """mhalearn/studies.json is current (rewrite it with
+    mhalearn.options.write_study_options() after a study's fields change)."""
+    assert options() == json.loads(json.dumps(study_options()))
+
+
+@pytest.mark.slow
 def test_each_study_brings_its_precision_unless_told(tmp_path):
     tiny = ["run", "recovery", "--learner", "uniform", "--samples", "20", "--heads", "1",
             "--dim", "3", "--tokens", "2", "--instances", "2", "--quiet"]  # fmt: skip
@@ -293,6 +318,7 @@ def _start(out):
     raise AssertionError("the command never took over SIGTERM")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_sigint_and_sigterm_end_cleanly_in_every_phase_and_resume(tmp_path):
     proc, ready = _start(tmp_path / "whole")

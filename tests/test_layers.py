@@ -1,4 +1,5 @@
-"""The package's layers as the README draws them: no module imports from one listed below it."""
+"""The package's layers as the architecture page draws them: no module imports from one listed
+below it."""
 
 import ast
 import pathlib
@@ -9,10 +10,10 @@ PACKAGE = ROOT / "mhalearn"
 
 
 def layers() -> list[str]:
-    """The README's architecture list, lowest layer first: paths relative to the package
+    """The architecture page's list, lowest layer first: paths relative to the package
     (``kernels.py``, ``learners/``)."""
-    text = (ROOT / "README.md").read_text()
-    block = text[text.index("## Architecture") :].split("```")[1]
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    block = text.split("```")[1]
     return re.findall(r"^  (\S+(?:\.py|/))\s", block, flags=re.M)
 
 
@@ -21,7 +22,7 @@ def rank_of(path: pathlib.Path, order: list[str]) -> int:
     for i, entry in enumerate(order):
         if rel == entry or (entry.endswith("/") and rel.startswith(entry)):
             return i
-    raise AssertionError(f"mhalearn/{rel} is not in the README's architecture list")
+    raise AssertionError(f"mhalearn/{rel} is not in docs/architecture.md's list")
 
 
 def resolve(module: str) -> pathlib.Path:

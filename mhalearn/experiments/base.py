@@ -211,7 +211,7 @@ class _CellBar:
     cells are left at the start, then one per finished cell with its time."""
 
     def __init__(self, study: Study, total: int, done: int):
-        from tqdm.auto import tqdm
+        from tqdm import tqdm
 
         # disable=None: silent when stderr is not a terminal (the lines below speak instead)
         self.bar = tqdm(total=total, initial=done, desc=study.name, unit="cell", disable=None)

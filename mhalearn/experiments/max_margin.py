@@ -252,7 +252,10 @@ class MaxMargin(Study):
         ]
         for i, (s, a, h) in enumerate(cells):
             sel = ds.sel(shape=s, attention=a, heads=h)
-            kw = {**plots.style(i), "label": f"{s} {a} H={h}"}
+            # hollow markers every other curve and a small shift along t: cells whose curves
+            # coincide (cross and self attention do, in distribution) stay told apart
+            kw = {**plots.style(i, hollow=i % 2 == 1), "label": f"{s} {a} H={h}"}
+            kw["shift"] = plots.shift(i, len(cells), 0.08)
             plots.band(axes[0], sel["trace_correlation"], "step", **kw)
             plots.band(axes[1], sel["trace_selected_weight"], "step", **kw)
             passed = (sel["trace_correlation"] > 0.99).astype(float)
@@ -272,6 +275,8 @@ class MaxMargin(Study):
             "self: the first token queries. W alone trained from 0 by normalised GD (steps of "
             f"length {config.get('lr', '?')}, {config.get('steps', '?')} steps), readouts v_h "
             "fixed; W_mm: each head's Frobenius attention SVM of the tokens it selects at the "
-            "end (our convention zᵀWx; the paper's W is its transpose)."
+            "end (our convention zᵀWx; the paper's W is its transpose). Curves are shifted "
+            "slightly along t, every other one with hollow markers, so that curves that "
+            "coincide stay visible."
         )
         return plots.finish(fig, "Attention converges to the attention SVM", caption)

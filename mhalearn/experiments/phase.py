@@ -385,7 +385,8 @@ class Phase(Study):
             "least-squares fits of log(N*50/N_c) on log m (dashed: power law, rate k) and on m "
             "(dotted: exponential, rate s), 95% bootstrap intervals on the rates in the legend; "
             "'better': the smaller residual sum of squares (both have two parameters). A curve "
-            f"that never crosses one half inside the grid is not drawn. Learners: {learners}."
+            "that never crosses one half inside the grid is not drawn. "
+            f"Learners: {learners.rstrip('.')}."
         )
         title = (
             f"Phase diagram of teacher recovery (heatmaps: inputs {one['inputs'].item()}, "
