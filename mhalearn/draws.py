@@ -42,7 +42,7 @@ def rademacher(key: PRNGKeyArray, shape: Sequence[int], dtype=None) -> Array:
     Not ``jax.random.rademacher``'s numbers: that spends a 32-bit word (a uniform float) on
     every sign, this one bit, so it draws 32 times fewer words: at the small shapes of the
     recovery studies, drawing the Boolean inputs was a sizeable share of an instance's run
-    (README, Performance)."""
+    (docs: Performance)."""
     shape = tuple(int(s) for s in shape)
     n = math.prod(shape)
     words = jax.random.bits(key, (-(-n // 32),), jnp.uint32)

@@ -1,6 +1,6 @@
 """Pure attention math on ONE sequence: no randomness, no batching.
 
-Vocabulary (see the README): ``tokens`` = k (Chen–Li) / T (Deora et al.), ``dim`` = d,
+Vocabulary (docs: The science): ``tokens`` = k (Chen–Li) / T (Deora et al.), ``dim`` = d,
 ``heads`` = m / H, ``theta`` = per-head query·key matrix, ``W`` = per-head value·output
 matrix (Chen–Li) or merged key·query matrix (classifier), ``U`` = classifier readout.
 

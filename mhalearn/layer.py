@@ -2,43 +2,24 @@
 
 :func:`mhalearn.kernels.mha` states the layer for one sequence; mapped over samples with
 ``jax.vmap`` and differentiated by ``jax.value_and_grad`` it is the *reference*. The functions
-here compute the same numbers (tests compare values and gradients in float32 and float64)
-in the form that XLA:CPU runs fastest, measured with ``benchmarks/compare.py``:
+here compute the same numbers (tests compare values and gradients in float32 and float64):
 
-- every head in one product: ``Q = X Θ`` is one ``(samples·tokens, dim) × (dim, heads·dim)``
-  matrix product, and so are the outputs ``Φ W``;
-- scores and attention-weighted values are products batched over samples, with the
-  ``tokens·heads`` query rows of a sample stacked, so no sample-sized tensor is ever
-  transposed (XLA's autodiff of the reference transposes several per step);
-- the gradient is derived by hand (below), so the backward pass materialises nothing it only
-  reduces, its weight gradients are plain matrix products, and the one row sum of the softmax
-  backward is a product with a vector of ones (XLA:CPU fused a plain reduction into the
-  surrounding matrix products, which ran slower);
-- at small sequences (dim and tokens at most :data:`BROADCAST_MAX`, the recovery studies' and
-  phase diagrams' dim 8, tokens 4) the two per-sample products that give scores, ``Q Xᵀ`` and
-  ``dΦ Xᵀ``, are written as broadcast products summed over dim, which XLA:CPU fuses into one
-  loop instead of calling a batched matrix product on 4 × 8 blocks: about a fifth less time
-  per GD step there, and slower at dim 16 (``python benchmarks/kernel_scaling.py --products``).
-  So are the features ``Φ = A X`` (summed over tokens): another sixth less at (2, 8, 4, 256)
-  (83 → 69 µs per step in ``kernel_scaling.py --products``, one run before and one after).
-  The backward's ``(A ⊙ dA) X`` stays a batched product: in the broadcast form the step took
-  longer in a one-off trial.
-  ``products`` forces either form; they agree to rounding (tested against the reference).
+- every head in one product (``Q = X Θ`` is one ``(samples·tokens, dim) × (dim, heads·dim)``
+  matrix product, and so are the outputs ``Φ W``), scores and attention-weighted values as
+  products batched over samples, and the gradient derived by hand (below);
+- at small sequences (dim and tokens at most :data:`BROADCAST_MAX`) the per-sample products
+  ``Q Xᵀ``, ``dΦ Xᵀ`` and ``Φ = A X`` as broadcast products summed over an axis;
+  ``products`` forces either form;
+- for many gradients of one training set (every step of GD), the samples as the *minor* axis:
+  :class:`Lanes`, :func:`lay_out` once, then :func:`lanes_loss_and_grad`; a regression
+  problem lays itself out where :func:`lanes_form` says (float32, arrays within
+  :data:`LANES_MAX` and :data:`LANES_MAX_BYTES`), through
+  :meth:`RegressionProblem.prepared <mhalearn.problems.RegressionProblem.prepared>`. The
+  samples are padded with zero sequences, which add nothing, so that a row takes an odd
+  number of cache lines.
 
-For many gradients of one training set — every step of GD — the samples can instead be the
-*minor* axis (:class:`Lanes`, :func:`lay_out` once, then :func:`lanes_loss_and_grad`): every
-per-sample product becomes an elementwise product over rows of ``tokens·samples`` numbers,
-which XLA:CPU vectorises across the samples, and the products with Θ and W stay matrix
-products. Where its arrays stay small it is much faster (47.6 against 69.2 µs per GD step at
-(heads 2, dim 8, tokens 4, samples 256)); where they outgrow the caches it is slower
-(``python benchmarks/kernel_scaling.py --products --pair``), and in float64 it is slower. So
-a regression problem lays itself out where :func:`lanes_form` says
-(:meth:`RegressionProblem.prepared <mhalearn.problems.RegressionProblem.prepared>`, which
-:func:`~mhalearn.problems.prepared` calls and GD calls before its loop). The keys are stored
-once per query token (``tokens`` times X), so the layout is also bounded in bytes
-(:data:`LANES_MAX_BYTES`). Rows a multiple of 4 KiB long evicted each other from the L1
-cache (measured in the closing note of issue 15): the samples are padded with zero
-sequences, which add nothing, so that a row takes an odd number of cache lines.
+Which form is fastest where, measured: the documentation's performance page ("The layer's
+forms").
 
 Notation, per sample n and head h: ``Q_h = X Θ_h``, ``A_h = softmax(Q_h Xᵀ)``,
 ``Φ_h = A_h X``, ``F = Σ_h Φ_h W_h``, loss ``L = mean((F − Y)²)`` over every entry, so
@@ -274,9 +255,8 @@ def _lanes_forward(
 
 
 def _sum_of_squares(R: Float[Array, "dim lanes"]) -> Float[Array, ""]:
-    """Σ R², the squares' product with a vector of ones along the lanes: as a sum of squares it
-    took three loops per call, and as ``einsum("fk,fk->")`` a GD step took longer at the
-    recovery studies' shapes (``python benchmarks/kernel_scaling.py --products``; README)."""
+    """Σ R² over every entry, written as the squares' product with a vector of ones along the
+    lanes (the fastest form measured by ``python benchmarks/kernel_scaling.py --products``)."""
     return jnp.sum(jnp.ones(R.shape[1], R.dtype) @ (R * R).T)
 
 

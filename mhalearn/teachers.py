@@ -1,7 +1,7 @@
 """Random Chen–Li teachers: sampling with non-degeneracy checks, diagnostics, stress families.
 
 The non-degeneracy conditions of Chen & Li are not public in full; the checks below are
-our reconstruction (see the README's "Sourced and reconstructed" section). Every threshold
+our reconstruction (docs: The science, "What is sourced and what is reconstructed"). Every threshold
 is a field of :class:`TeacherSpec` and is scale-free:
 
 - ``min_w_norm``: min_i ‖W_i‖_F / rms_j ‖W_j‖_F (no vanishing value matrix);

@@ -102,18 +102,21 @@ def assert_all_equal(runs: list[dict]) -> None:
             np.testing.assert_array_equal(other[name], value, err_msg=name)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("width", [1, 4])
 def test_results_identical_for_every_chunk_size(width):
     runs = [flatten(small_simulation(chunk_size=c, vector_width=width)) for c in (1, 3, None)]
     assert_all_equal(runs)
 
 
+@pytest.mark.slow
 def test_cpu_groups_are_loops_whose_width_changes_no_bit():
     """On CPU a group runs its instances one after another through the unbatched program."""
     runs = [flatten(small_simulation(vector_width=w)) for w in (1, 3, 12)]
     assert_all_equal(runs)
 
 
+@pytest.mark.slow
 def test_vmapped_groups_the_accelerators_run_are_bitwise_across_chunk_sizes(monkeypatch):
     """The accelerators' path (a vmapped group), run here on the one CPU device."""
     monkeypatch.setattr(mh.batch, "_looped", lambda devices: False)
@@ -130,6 +133,7 @@ def test_instance_programs_multiply_float32_in_float32_unless_the_user_configure
         assert "HIGHEST" not in mh.batch._lower(lambda a: a @ a, (x,)).as_text()
 
 
+@pytest.mark.slow
 def test_the_precision_the_engine_traces_at_changes_no_bit_on_cpu(monkeypatch):
     runs = [flatten(small_simulation())]
     mh.batch.clear_programs()
@@ -171,6 +175,7 @@ def finish(proc):
     assert proc.returncode == 0, out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("width", [1, 4])
 def test_one_versus_four_cpu_devices(tmp_path, width):
     four = run_worker(
@@ -228,6 +233,7 @@ print("finished", bool(np.isfinite(np.asarray(angles)).all()))
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "program",
     [HUNG_BEFORE, EIGENVALUES_UNDER_VMAP, SCORES_UNDER_VMAP],
@@ -260,6 +266,7 @@ FACTORISATIONS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(FACTORISATIONS))
 def test_factorisations_vmapped_are_the_batched_call_bit_for_bit(name):
     """Under (nested) vmap each factorisation gives jnp.linalg's batched call's bits, and on
@@ -321,6 +328,7 @@ for name in ("two", "two again"):
 """
 
 
+@pytest.mark.slow
 def test_two_cpu_devices_compile_once_and_match_one_device_bit_for_bit(tmp_path):
     """The second CPU device runs the first one's binary, loaded, not compiled again — but
     not a binary read from the persistent cache (XLA:CPU cannot serialize it again whole: it
@@ -348,6 +356,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_two_process_distributed_run_equals_one_process(tmp_path):
     port = str(free_port())
     procs = [
@@ -380,6 +389,7 @@ def test_sweep_of_learning_rates_and_seeds_compiles_once():
     np.testing.assert_array_equal(first[seeds == 1], first[1])
 
 
+@pytest.mark.slow
 def test_a_repeated_structure_compiles_once_per_process_with_the_same_numbers():
     task = mh.RegressionTask(
         teacher=mh.TeacherSpec(heads=2, dim=3, tokens=3), samples=24, test_samples=8

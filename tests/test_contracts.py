@@ -35,6 +35,7 @@ def test_every_builtin_learner_is_registered_and_every_task_is_covered():
     assert {kind for _, kind in (c.values for c in CASES)} == set(TASKS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,kind", CASES)
 def test_learner_contract_under_simulate(name, kind):
     learner = make_learner(name, 40)

@@ -29,6 +29,7 @@ def first_weight(data, problem, params):
     return {"weight_first": jnp.mean(A[:, 0, 0, 0])}
 
 
+@pytest.mark.slow
 def test_user_data_per_instance_equals_fits_by_hand(rng):
     data = numpy_data(rng, 3)
     task = mh.UserTask(problem=make_problem, data=mh.PerInstance(data), metrics=first_weight)
@@ -81,6 +82,7 @@ def test_bad_custom_inputs_are_refused_clearly(rng):
         mh.simulate(jax.random.key(0), mh.UserTask(problem=make_problem, data=data), learner, 3)
 
 
+@pytest.mark.slow
 def test_given_start_per_instance_for_gd_and_variable_projection(rng):
     teacher = mh.TeacherSpec(heads=1, dim=3, tokens=2)
     theta = rng.standard_normal((2, 1, 3, 3)) / 3

@@ -39,7 +39,14 @@ def test_there_are_blocks_to_check():
     assert all(len(code.splitlines()) <= 30 for _, code, _ in readme)
 
 
-@pytest.mark.parametrize(("where", "code", "output"), BLOCKS, ids=[b[0] for b in BLOCKS])
+#: the README's blocks run in the fast tier, the documentation's in the slow one
+CASES = [
+    pytest.param(*b, id=b[0], marks=() if b[0].startswith("README") else pytest.mark.slow)
+    for b in BLOCKS
+]
+
+
+@pytest.mark.parametrize(("where", "code", "output"), CASES)
 def test_block_runs_alone_and_prints_what_the_page_says(where, code, output):
     run = subprocess.run(
         [sys.executable, str(ROOT / "tests" / "docs_blocks.py")],

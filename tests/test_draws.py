@@ -11,6 +11,7 @@ from mhalearn import draws
 SHAPES = [(7,), (3, 5), (2, 3, 4), (2, 1, 3, 2)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.float16])
 def test_float_draws_are_jax_randoms(shape, dtype):

@@ -27,6 +27,7 @@ DIMS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(STUDIES))
 def test_study_dataset_has_documented_dims_coords_and_attrs(tiny_results, name):
     study, path = tiny_results[name]
@@ -48,6 +49,7 @@ def test_study_dataset_has_documented_dims_coords_and_attrs(tiny_results, name):
     assert np.isfinite(head.values).any()
 
 
+@pytest.mark.slow
 def test_recovery_points_match_direct_runs_and_flags_stay_integers(tiny_results):
     study, path = tiny_results["recovery"]
     ds = load(path)
@@ -67,6 +69,7 @@ def test_recovery_points_match_direct_runs_and_flags_stay_integers(tiny_results)
     )
 
 
+@pytest.mark.slow
 def test_regimes_points_match_direct_diagnostics(tiny_results):
     study, path = tiny_results["regimes"]
     ds = load(path)
@@ -87,6 +90,7 @@ def classification_task(study, noise, samples, **numbers):
     return study.task(samples, max(study.heads), noise, **numbers)
 
 
+@pytest.mark.slow
 def test_heads_points_match_direct_runs(tiny_results):
     study, path = tiny_results["heads"]
     ds = load(path)
@@ -107,6 +111,7 @@ def test_heads_points_match_direct_runs(tiny_results):
     np.testing.assert_allclose(point["trace_relevant_attention"].sel(step=0), mass, rtol=1e-9)
 
 
+@pytest.mark.slow
 def test_stepsize_bisection_agrees_with_a_sequential_search(tiny_results):
     study, path = tiny_results["stepsize"]
     ds = load(path)
@@ -140,6 +145,7 @@ def test_stepsize_bisection_agrees_with_a_sequential_search(tiny_results):
     assert interior >= 2, "no instance had its edge inside the bracket: the test tested nothing"
 
 
+@pytest.mark.slow
 def test_stepsize_curves_rates_and_curvature_at_the_gd_start(tiny_results):
     study, path = tiny_results["stepsize"]
     ds = load(path)
@@ -179,6 +185,7 @@ def test_stepsize_curves_rates_and_curvature_at_the_gd_start(tiny_results):
         np.testing.assert_allclose(point["theory_loss_fixed"], expected, rtol=1e-9)
 
 
+@pytest.mark.slow
 def test_samples_stop_at_the_target_loss_as_a_run_logged_at_every_step(tiny_results):
     study, path = tiny_results["samples"]
     ds = load(path)
@@ -207,6 +214,7 @@ def test_samples_stop_at_the_target_loss_as_a_run_logged_at_every_step(tiny_resu
             np.testing.assert_allclose(ds["test_loss_slope"].sel(heads=h), slope, rtol=1e-9)
 
 
+@pytest.mark.slow
 def test_margin_points_match_direct_computation(tiny_results):
     study, path = tiny_results["margin"]
     ds = load(path)
@@ -228,6 +236,7 @@ def test_margin_points_match_direct_computation(tiny_results):
         assert int(point[f"separable{suffix}"]) == int(m.separable)
 
 
+@pytest.mark.slow
 def test_in_memory_run_equals_the_stored_one(tiny_results):
     study, path = tiny_results["regimes"]
     ds = run_study(study)

@@ -53,6 +53,7 @@ def reference_loss(X, Y, theta, W):
     return jnp.mean((pred - Y) ** 2)
 
 
+@pytest.mark.slow
 @FORMS
 @pytest.mark.parametrize("n,heads,tokens,dim", SIZES)
 def test_outputs_and_loss_match_loop_reference_float64(rng, n, heads, tokens, dim, products):
@@ -65,6 +66,7 @@ def test_outputs_and_loss_match_loop_reference_float64(rng, n, heads, tokens, di
     np.testing.assert_allclose(loss, np.mean((loop - np.asarray(Y)) ** 2), rtol=1e-12)
 
 
+@pytest.mark.slow
 @FORMS
 @pytest.mark.parametrize("n,heads,tokens,dim", SIZES)
 def test_value_and_grad_equal_autodiff_of_reference_float64(rng, n, heads, tokens, dim, products):
@@ -78,6 +80,7 @@ def test_value_and_grad_equal_autodiff_of_reference_float64(rng, n, heads, token
     np.testing.assert_allclose(g_W, r_W, rtol=1e-10, atol=1e-13)
 
 
+@pytest.mark.slow
 @FORMS
 @pytest.mark.parametrize("n,heads,tokens,dim", SIZES)
 def test_float32_within_float32_tolerance_of_float64(rng, n, heads, tokens, dim, products):
@@ -118,6 +121,7 @@ def test_gradient_matches_finite_differences_of_loop_reference(rng, products):
             np.testing.assert_allclose(grad[idx], (up - down) / (2 * eps), rtol=1e-6, atol=1e-9)
 
 
+@pytest.mark.slow
 @FORMS
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_huge_scores_give_finite_values_and_gradients(rng, dtype, products):
@@ -126,6 +130,7 @@ def test_huge_scores_give_finite_values_and_gradients(rng, dtype, products):
     assert np.isfinite(loss) and all(np.all(np.isfinite(g)) for g in grads)
 
 
+@pytest.mark.slow
 def test_problem_loss_and_grad_equals_autodiff_of_its_loss_with_minibatch(rng):
     X, Y, theta, W = draw(rng, 6, 3, 4, 5)
     problem = mh.RegressionProblem(X=X, Y=Y, heads=3)
@@ -138,6 +143,7 @@ def test_problem_loss_and_grad_equals_autodiff_of_its_loss_with_minibatch(rng):
             np.testing.assert_allclose(g, r, rtol=1e-10, atol=1e-13)
 
 
+@pytest.mark.slow
 def test_vmap_over_instances_equals_python_loop(rng):
     stacks = [draw(rng, 4, 2, 3, 5) for _ in range(3)]
     batched = jax.vmap(squared_loss_and_grad)(*(jnp.stack(a) for a in zip(*stacks, strict=True)))
@@ -157,6 +163,7 @@ def test_bad_shapes_raise_value_error(rng, X_shape, Y_shape, fragment):
         squared_loss_and_grad(jnp.zeros(X_shape), jnp.zeros(Y_shape), theta, theta)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "tokens,dim,form",
     [(4, 8, "broadcast"), (8, 8, "broadcast"), (4, 9, "batched"), (9, 3, "batched")],
@@ -180,6 +187,7 @@ def test_unknown_products_form_raises(rng):
         squared_loss_and_grad(X, Y, theta, W, products="loop")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_lanes_padded_with_zero_samples_equal_the_reference(rng, dtype):
     """At (128 samples, 4 tokens) a row of lanes takes 4 KiB in float64 (2 KiB in float32):
@@ -223,6 +231,7 @@ def test_lanes_form_at_small_layers_and_within_its_memory():
     assert not lanes_form(32, 2, 4, 8, 8) and not lanes_form(256, 2, 4, 8, 8)  # float64
 
 
+@pytest.mark.slow
 def test_prepared_problem_lays_its_data_out_and_gives_the_same_gradients(rng):
     X, Y, theta, W = draw(rng, 300, 2, 4, 8)
     problem = mh.RegressionProblem(X=X, Y=Y, heads=2)

@@ -81,6 +81,7 @@ def correlation(A, B):
     return np.sum(A * B) / (np.linalg.norm(A) * np.linalg.norm(B))
 
 
+@pytest.mark.slow
 def test_peer_recipe_through_the_package_equals_an_independent_loop():
     datas = [peer_data(seed) for seed in range(SEEDS)]
     stacked = {k: np.stack([d[k] for d in datas]) for k in datas[0]}
@@ -114,6 +115,7 @@ def test_peer_recipe_through_the_package_equals_an_independent_loop():
     assert np.mean(ours[:, 1]) < 0.7
 
 
+@pytest.mark.slow
 def test_max_margin_study_at_ci_size():
     study = STUDIES["max_margin"].preset("tiny")
     ds = run_study(study)

@@ -9,6 +9,7 @@ from mhalearn.experiments.phase import THRESHOLD_DIMS, critical_samples, samples
 from mhalearn.store import load
 
 
+@pytest.mark.slow
 def test_samples_are_the_ratio_of_the_counting_limit(tiny_results):
     study, path = tiny_results["phase"]
     ds = load(path)
@@ -23,6 +24,7 @@ def test_samples_are_the_ratio_of_the_counting_limit(tiny_results):
                 assert n == samples_at(r, h, d, study.tokens)
 
 
+@pytest.mark.slow
 def test_every_teacher_is_recovered_or_fails_in_exactly_one_way(tiny_results):
     study, path = tiny_results["phase"]
     ds = load(path)
@@ -50,6 +52,7 @@ def _first_crossing(log_n, rate):
     return None
 
 
+@pytest.mark.slow
 def test_thresholds_agree_with_a_reading_of_their_own_success_curves(tiny_results):
     _, path = tiny_results["phase"]
     ds = load(path)
@@ -77,6 +80,7 @@ def test_thresholds_agree_with_a_reading_of_their_own_success_curves(tiny_result
     assert checked >= 2  # variable projection crosses one half at every tiny head count
 
 
+@pytest.mark.slow
 def test_thresholds_and_their_intervals_are_reproducible(tiny_results):
     study, path = tiny_results["phase"]
     ds = load(path)
@@ -85,6 +89,7 @@ def test_thresholds_and_their_intervals_are_reproducible(tiny_results):
         np.testing.assert_array_equal(again[name].values, ds[name].values)
 
 
+@pytest.mark.slow
 def test_a_separated_curve_has_the_grid_points_around_its_jump_as_interval(tiny_results):
     _, path = tiny_results["phase"]
     ds = load(path).sel(learner="varpro")
@@ -114,6 +119,7 @@ def test_bad_phase_specs_are_refused(bad, message):
         STUDIES["phase"].preset("tiny", **bad)
 
 
+@pytest.mark.slow
 def test_a_dim_study_at_one_head_draws_its_heatmaps_over_dim(tiny_results):
     """With one head count and several dims the heatmap rows are the dims, and no
     thresholds-vs-heads panel of a single point is drawn."""

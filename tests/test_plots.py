@@ -12,6 +12,7 @@ from mhalearn.store import load
 matplotlib.use("Agg")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(STUDIES))
 def test_every_figure_renders_and_explains_itself(tiny_results, tmp_path, name):
     study, path = tiny_results[name]
@@ -31,6 +32,7 @@ def test_every_figure_renders_and_explains_itself(tiny_results, tmp_path, name):
     assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 def test_sample_axes_show_the_values_and_curves_are_told_apart(tiny_results):
     study, path = tiny_results["recovery"]
     fig = plot(load(path))
@@ -43,6 +45,7 @@ def test_sample_axes_show_the_values_and_curves_are_told_apart(tiny_results):
     assert len(set(xs)) == len(xs)  # shifted: coinciding curves stay visible
 
 
+@pytest.mark.slow
 def test_unknown_results_are_refused(tiny_results):
     ds = load(tiny_results["margin"][1])
     ds.attrs["study"] = "nonsense"

@@ -5,6 +5,7 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import mhalearn as mh
 from tests import reference as ref
@@ -16,6 +17,7 @@ def regression(rng, n=5, heads=2, tokens=3, dim=4, **kw):
     return mh.RegressionProblem(X=jnp.asarray(X), Y=jnp.asarray(Y), heads=heads, **kw)
 
 
+@pytest.mark.slow
 def test_regression_loss_equals_a_loop_and_minibatches_take_their_rows(rng):
     problem = regression(rng)
     params = mh.LayerParams(
@@ -50,6 +52,7 @@ def classification(rng, **kw):
     return mh.ClassificationProblem(X=X, y=y, spec=spec, heads=3, **kw)
 
 
+@pytest.mark.slow
 def test_classification_scores_and_loss_equal_loops_with_masked_heads(rng):
     problem = classification(rng, active_heads=2, start=mh.ClassifierStart(w_init=1.0))
     params = problem.init(jax.random.key(1))

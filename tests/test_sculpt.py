@@ -32,6 +32,7 @@ def test_onset_equals_a_loop_reference(rng):
     assert got[0, 0] == 300 and np.isnan(got[1, 1])
 
 
+@pytest.mark.slow
 def test_sculpt_flags_times_and_onsets(tiny_results):
     study, path = tiny_results["sculpt"]
     ds = load(path)
@@ -68,6 +69,7 @@ def test_sculpt_refuses_bad_specs():
         Sculpt(samples=(1000, 300))
 
 
+@pytest.mark.slow
 def test_sculpt_figure_shades_where_k_stops_growing(tiny_results):
     """Grey in the span row from the first N where the median teacher certifies at least the
     rows K keeps; none where it never does."""

@@ -11,6 +11,7 @@ TASK = mh.RegressionTask(
 )
 
 
+@pytest.mark.slow
 def test_results_as_arrays_and_dataset():
     betas = np.array([1.0, 2.0, 4.0, 8.0, 1.0, 2.0])
     task = mh.RegressionTask(

@@ -23,6 +23,7 @@ def _matrix(shape, seed=0):
     return np.array(jax.random.normal(jax.random.key(seed), shape), dtype=np.float64)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", [(256, 4), (9, 4), (5, 5), (6, 1)])
 def test_householder_qr_is_lapacks_factorisation(shape):
     a = _matrix(shape)
@@ -75,6 +76,7 @@ def _svd_check(u, s, vt, a):
     np.testing.assert_allclose(vt @ vt.T, np.eye(k), atol=1e-13)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", SHAPES)
 def test_accelerator_forms_compute_lapacks_quantities(shape):
     """Each accelerator form, run here on CPU under vmap, against numpy's LAPACK in float64."""

@@ -36,6 +36,7 @@ def snapshot(folder):
     }
 
 
+@pytest.mark.slow
 def test_resume_computes_only_missing_cells_and_ends_identical(tmp_path, monkeypatch):
     store = Store(tmp_path, STUDY.config())
     run_study(STUDY, store)
@@ -52,6 +53,7 @@ def test_resume_computes_only_missing_cells_and_ends_identical(tmp_path, monkeyp
     xr.testing.assert_identical(load(store.results_path), whole)
 
 
+@pytest.mark.slow
 def test_a_run_killed_with_sigkill_resumes_to_the_uninterrupted_dataset(tmp_path):
     whole = tmp_path / "whole"
     subprocess.run(cli(*ARGS, "--out", str(whole)), check=True, timeout=600)
@@ -201,6 +203,7 @@ def test_every_dtype_survives_merging_writing_and_reading_with_missing_cells(tmp
         )
 
 
+@pytest.mark.slow
 def test_growing_a_grid_computes_only_the_new_cells_and_equals_a_fresh_run(tmp_path, monkeypatch):
     small = Regimes(beta=(1.0, 4.0), heads=(1, 2), inputs=("boolean",), samples=8, instances=2)
     large = Regimes(beta=(1.0, 4.0), heads=(1, 2, 3), inputs=("boolean",), samples=8, instances=2)
@@ -219,6 +222,7 @@ def test_growing_a_grid_computes_only_the_new_cells_and_equals_a_fresh_run(tmp_p
         Store(tmp_path / "grown", other.config(), grid=other.static_axes)
 
 
+@pytest.mark.slow
 def test_a_run_logged_to_a_file_says_what_is_left_and_each_cell_it_finishes(tmp_path, capsys):
     """stderr not a terminal (as under pytest, or a run in the background): plain lines."""
     small = Regimes(beta=(1.0,), heads=(1,), inputs=("boolean",), samples=8, instances=2)

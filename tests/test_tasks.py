@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import mhalearn as mh
 from mhalearn.learners.base import Fit, Status, Trace
@@ -35,6 +36,7 @@ def test_regression_labels_are_the_teacher_plus_the_stated_noise():
     assert abs(residual.mean()) < 0.02
 
 
+@pytest.mark.slow
 def test_the_truth_scores_perfectly_and_a_swap_of_heads_too():
     task = mh.RegressionTask(teacher=SPEC, samples=50, test_samples=64)
     teacher, problem = task.sample(jax.random.key(1))
@@ -69,6 +71,7 @@ def test_estimates_are_scored_against_the_truth():
     assert "crude_sum_w_error" not in scores  # only what the learner estimated
 
 
+@pytest.mark.slow
 def test_classification_scores_are_the_losses_of_the_parameters():
     task = mh.ClassificationTask(
         mixture=mh.MixtureSpec(tokens=4, dim=4), heads=3, samples=20, active_heads=2

@@ -63,6 +63,7 @@ def brute_attention_statistics(X, theta, delta):
 # ---- sampling ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", mh.FAMILIES)
 def test_sampled_teachers_satisfy_enforced_thresholds(family):
     spec = mh.TeacherSpec(
@@ -105,6 +106,7 @@ def test_draw_scales():
     np.testing.assert_allclose(w_norm2.mean(), 4.0 * 8, rtol=0.05)
 
 
+@pytest.mark.slow
 def test_stress_families_have_their_defining_property():
     base = dict(heads=3, dim=6, tokens=4, beta=4.0, stress_eps=0.01)
     near, _ = sample_many(mh.TeacherSpec(family="near_duplicate", **base), n=16)
@@ -123,6 +125,7 @@ def test_stress_families_have_their_defining_property():
     )
 
 
+@pytest.mark.slow
 def test_sampling_vmaps_over_keys_and_beta():
     spec = mh.TeacherSpec(heads=2, dim=5, tokens=3)
     keys = jax.random.split(KEY, 5)
@@ -181,6 +184,7 @@ def test_attention_statistics_equal_brute_force(rng, heads, tokens, dim, beta):
         np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.slow
 def test_teacher_diagnostics_average_over_fresh_inputs(rng):
     spec = mh.TeacherSpec(heads=2, dim=3, tokens=4, beta=8.0)
     teacher = mh.sample_teacher(KEY, spec)
@@ -197,6 +201,7 @@ def test_teacher_diagnostics_average_over_fresh_inputs(rng):
     assert soft.attention_entropy > 0.97 * math.log(4) and soft.agreement == 0
 
 
+@pytest.mark.slow
 def test_agreement_falls_with_heads():
     # the concrete face of the exponential cost in heads (RESEARCH.md §1: 0.45, 0.062, 0.0095)
     shares = []

@@ -9,6 +9,7 @@ import pytest
 import mhalearn as mh
 
 
+@pytest.mark.slow
 def test_public_functions_accept_lists(rng):
     X = rng.choice([-1.0, 1.0], size=(3, 4))
     theta, W = rng.normal(size=(2, 2, 4, 4))
@@ -93,6 +94,7 @@ def test_bad_api_input_raises_one_line_naming_the_argument(call, fragment):
     assert fragment in message and "\n" not in message, message
 
 
+@pytest.mark.slow
 def test_impossible_teacher_checks_end_flagged_not_looping():
     spec = mh.TeacherSpec(heads=2, dim=3, tokens=2, min_sigma_ratio=3.0, max_attempts=5)
     task = mh.RegressionTask(teacher=spec, samples=10, test_samples=4)

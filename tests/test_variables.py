@@ -24,12 +24,14 @@ def check_described(ds):
             assert np.isin(values, [0, 1]).all(), name
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(STUDIES))
 def test_every_study_variable_is_described_on_disk(tiny_results, name):
     _, path = tiny_results[name]
     check_described(load(path))
 
 
+@pytest.mark.slow
 def test_simulate_results_are_described_with_the_tolerance():
     task = mh.RegressionTask(
         teacher=mh.TeacherSpec(heads=2, dim=3, tokens=2, beta=1.0),

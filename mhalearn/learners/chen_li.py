@@ -1,6 +1,6 @@
 """The certify-and-sculpt pipeline in the spirit of Chen & Li — a RECONSTRUCTION.
 
-The paper's algorithm is known here only from its published outline (see the README's "What is
+The paper's algorithm is known here only from its published outline (docs: The science, "What is
 sourced and what is reconstructed"); every phase below is our reading of it, one public function
 per phase so that each can be studied alone, and :meth:`ChenLiConfig.fit` chains them:
 

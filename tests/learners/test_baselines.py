@@ -10,6 +10,7 @@ TASK = mh.RegressionTask(
 )
 
 
+@pytest.mark.slow
 def test_uniform_attention_is_the_least_squares_floor():
     teacher, problem = TASK.sample(jax.random.key(0))
     out = baselines.UniformConfig().fit(jax.random.key(1), problem)
@@ -36,6 +37,7 @@ def test_alternating_minimisation_lowers_the_loss():
     np.testing.assert_allclose(out.params.W, W, rtol=1e-9, atol=1e-12)
 
 
+@pytest.mark.slow
 def test_oracle_refinement_is_a_ceiling():
     res = mh.simulate(jax.random.key(0), TASK, baselines.OracleConfig(), 3)
     assert np.all(res.metrics["success"])

@@ -66,6 +66,7 @@ def test_value_matches_equal_loop_reference(rng):
         assert gap[n, a] == pytest.approx(min(differ) - min(dist) if differ else np.inf)
 
 
+@pytest.mark.slow
 def test_head_certificates_are_sound_and_each_body_holds_its_head():
     # with the true values, every row certified head by head really has each head i on its own
     # token b_i, and head i satisfies every constraint of its body K_i; some certified rows
@@ -106,6 +107,7 @@ def test_head_certificates_are_sound_and_each_body_holds_its_head():
         assert inside({**estimates, "head_token": cert.token[..., ::-1]}) == 0.0
 
 
+@pytest.mark.slow
 def test_head_values_recover_each_heads_values():
     # (dim, tokens, heads, β, samples) = (8, 4, 2, 8, 3000), key 0: from the refined ΣW and
     # random starts about ΣW/2, each head's values to 1e-3 (the heads in either order)
@@ -121,6 +123,7 @@ def test_head_values_recover_each_heads_values():
     assert float(swapped["values_error"]) == float(errors["values_error"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", cl.HEAD_QUERIES)
 def test_heads_span_methods_need_the_heads_bodies(method):
     teacher, problem = teacher_problem(2, beta=8.0, samples=500)
@@ -130,6 +133,7 @@ def test_heads_span_methods_need_the_heads_bodies(method):
         cl.span_estimate(jax.random.key(1), K, 2, cl.ChenLiConfig(span_method=method))
 
 
+@pytest.mark.slow
 def test_heads_subsets_is_subsets_in_each_head_body():
     # each head's direction is the one-head "subsets" estimate of its own body, drawn with
     # the head's own key (split from the method's key); at one head, K_1 is K itself
@@ -159,6 +163,7 @@ def test_heads_subsets_is_subsets_in_each_head_body():
         assert float(jnp.arccos(jnp.clip(cosine, 0, 1))) < 0.3
 
 
+@pytest.mark.slow
 def test_certification_is_sound():
     # with the true ΣW, every certified row really has every head on the certified token
     for heads, beta in [(1, 4.0), (2, 8.0), (3, 8.0)]:
@@ -211,6 +216,7 @@ def test_min_norm_point_equals_brute_force(seed):
     assert np.all(G[valid] @ np.asarray(got) >= 1.3 - 1e-6)
 
 
+@pytest.mark.slow
 def test_constraints_are_deduplicated_and_valid():
     teacher, problem = teacher_problem(1, dim=4, tokens=3, samples=400)
     cert = cl.certify(problem.X, problem.Y, teacher.W.sum(0), CONFIG)
@@ -223,6 +229,7 @@ def test_constraints_are_deduplicated_and_valid():
     assert np.all(margins >= float(K.bound) - 1e-9)
 
 
+@pytest.mark.slow
 def test_pipeline_recovers_one_head_and_reports_honestly():
     task = mh.RegressionTask(
         teacher=mh.TeacherSpec(heads=1, dim=8, tokens=4), samples=1000, test_samples=64
@@ -249,6 +256,7 @@ def test_pipeline_recovers_one_head_and_reports_honestly():
         assert np.all(res.metrics["prediction_error"][acc] < 1e-4)
 
 
+@pytest.mark.slow
 def test_refinement_restarts_keep_the_lowest_trimmed_residual():
     # (8, 4, 2), β = 4, key 109: the single start stalls (error 0.75); a perturbed start does
     # not (a rare teacher: 6 of keys 0–149 stall above 0.2)
@@ -272,6 +280,7 @@ def reference_share(res, share):
     return mask.reshape(np.shape(res))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("value", [0.1, 0.7, 1 / 3])
 def test_smallest_share_keeps_at_least_one_row_when_residuals_tie(value):
     # tied residuals: jnp.quantile interpolates between equal order statistics and can round
@@ -293,6 +302,7 @@ def test_smallest_share_ranks_nan_last(rng):
         np.testing.assert_array_equal(cl.smallest_share(res, share), reference_share(res, share))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_smallest_share_is_a_stable_sort_prefix(rng, dtype):
     # the bisection on order codes against a stable argsort: many ties (values on a coarse
@@ -347,6 +357,7 @@ def test_refinement_leaves_sum_w_when_its_kept_rows_do_not_determine_it(rng, mon
     assert err(cl.refine_sum_w(X, Y, jnp.asarray(S_true), config)[0]) > 0.3
 
 
+@pytest.mark.slow
 def test_refinement_keeps_the_true_sum_w_at_one_head_and_sharp_attention():
     # (dim, tokens, heads, β, samples) = (8, 4, 1, 8, 3000), key 0, the sculpt study's settings:
     # started at the truth, the last rounds' 60 kept rows spanned 5 of 8 dimensions and the
@@ -365,6 +376,7 @@ def test_refinement_keeps_the_true_sum_w_at_one_head_and_sharp_attention():
     assert max(err(s) for s in twice) < 1e-6
 
 
+@pytest.mark.slow
 def test_refinement_restarts_never_keep_a_nan_start(monkeypatch):
     # a stand-in refinement that returns NaN from the first start: a finite start is kept
     _, problem = teacher_problem(2, samples=200)
@@ -461,6 +473,7 @@ def test_recession_method_finds_a_cone_pinned_to_a_subspace(rng):
     assert float(largest_principal_angle(np.eye(6)[:2], basis)) < 1e-6
 
 
+@pytest.mark.slow
 def test_pure_mode_keeps_the_search_and_the_polish_fits_outside_the_span():
     # (8, 4, 2), β 4, N 1000: inside the true span the pure search recovers the teacher; inside
     # a random 2-D subspace it cannot fit, and only the polished mode's unrestricted polish does
@@ -485,6 +498,7 @@ def test_pure_mode_keeps_the_search_and_the_polish_fits_outside_the_span():
     assert float(polished.cost) < 1e-12 * size < float(polished.span_cost)
 
 
+@pytest.mark.slow
 def test_every_span_method_runs_in_the_pipeline_and_is_scored():
     task = mh.RegressionTask(
         teacher=mh.TeacherSpec(heads=2, dim=4, tokens=3), samples=200, test_samples=32
@@ -506,6 +520,7 @@ def test_every_span_method_runs_in_the_pipeline_and_is_scored():
     assert np.all((tilt >= 0) & (tilt <= np.pi / 2))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", cl.SPAN_METHODS)
 def test_float32_span_queries_agree_with_float64(method):
     # phase 4 in float32 (the default) against the same queries in float64 on a real K
@@ -639,6 +654,7 @@ def test_slice_points_are_the_nearest_points_of_the_cross_section(seed):
         assert np.all(G[valid] @ (normal + B @ got) >= -1e-6)
 
 
+@pytest.mark.slow
 def test_slice_method_finds_a_widened_wedge():
     # K: θ_0 ≥ 1, θ_1 ≥ 1 and θ_0 + θ_1 ± 10 θ_j ≥ 1 (j = 2..5): its recession cone is the
     # quadrant of span{e_0, e_1} widened by |θ_j| ≤ (θ_0 + θ_1)/10, and its min-norm point is

@@ -22,6 +22,7 @@ def regression_problem(key=KEY, task=EASY):
     return task.sample(key)
 
 
+@pytest.mark.slow
 def test_adam_recovers_easy_teachers_float64():
     res = mh.simulate(
         jax.random.key(0), EASY, mh.GDConfig(optimizer="adam", steps=2000, lr=1e-2), 8
@@ -36,6 +37,7 @@ def test_adam_recovers_easy_teachers_float64():
     assert np.all(res.trace["loss"][ok, -1] < 1e-8 * res.trace["loss"][ok, 0])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("optimizer,lr", [("gd", 0.5), ("momentum", 0.1), ("normalized_gd", 0.01)])
 def test_other_optimisers_drive_the_loss_down(optimizer, lr):
     res = mh.simulate(
@@ -46,6 +48,7 @@ def test_other_optimisers_drive_the_loss_down(optimizer, lr):
     assert np.all(loss[:, -1] < 0.2 * loss[:, 0]), loss[:, [0, -1]]
 
 
+@pytest.mark.slow
 def test_fit_equals_an_explicit_optax_loop():
     _, problem = regression_problem()
     assert mh.prepared(problem) is problem  # float64: the samples-major kernel
@@ -91,6 +94,7 @@ def test_monitor_is_traced_at_snapshots():
     )
 
 
+@pytest.mark.slow
 def test_divergence_is_flagged_and_neighbours_unchanged():
     lrs = np.array([1e-2, 1e6, 3e-2])  # gd with lr 1e6 blows up
     learner = mh.GDConfig(optimizer="gd", steps=60, snapshots=8, lr=lrs)
@@ -116,6 +120,7 @@ def test_divergence_is_flagged_and_neighbours_unchanged():
     assert np.all(np.isfinite(res.params.theta[1])) and np.all(np.isfinite(res.params.W[1]))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("batch_size", [None, 16])
 def test_every_snapshot_holds_the_full_loss_and_monitor_at_that_step(batch_size):
     """The trace at snapshot k equals a fit stopped at that step (minibatches are keyed by
@@ -193,6 +198,7 @@ def test_config_validation(kwargs, fragment):
         mh.GDConfig(**kwargs)
 
 
+@pytest.mark.slow
 def test_one_step_initialisation_is_one_explicit_gd_step():
     mixture = mh.MixtureSpec(tokens=5, dim=6, relevant_fraction=0.4, noise=0.3)
     task = mh.ClassificationTask(
@@ -232,6 +238,7 @@ def test_classifier_sweep_over_heads_step_sizes_and_seeds_compiles_once():
     assert np.all(np.isfinite(res.trace["loss"]))
 
 
+@pytest.mark.slow
 def test_loss_sum_and_movement_for_the_theory():
     mixture = mh.MixtureSpec(tokens=4, dim=6, relevant_fraction=0.5, noise=0.3)
     _, problem = mh.ClassificationTask(mixture=mixture, heads=2, samples=32).sample(KEY)
@@ -247,6 +254,7 @@ def test_loss_sum_and_movement_for_the_theory():
     assert np.isinf(out.info["movement_W_relative"])  # W started at zero and moved
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("normalize", ["joint", "field"])
 def test_normalized_gd_takes_exact_steps_after_the_gradient_vanishes(normalize):
     # a separable classification problem: the logistic loss's gradient falls below 1e-6 early,
@@ -281,6 +289,7 @@ def test_normalized_gd_takes_exact_steps_after_the_gradient_vanishes(normalize):
     assert int(fit.status.steps_taken) == 2000
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("optimizer", ["normalized_gd", "adam"])
 def test_frozen_fields_keep_their_start_and_the_rest_trains_as_alone(optimizer):
     mixture = mh.MixtureSpec(tokens=4, dim=6, noise=0.1)

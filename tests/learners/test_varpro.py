@@ -35,6 +35,7 @@ def test_design_and_least_squares_values_equal_references(rng):
     np.testing.assert_allclose(cost, np.mean(want**2), rtol=1e-10)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("heads", [1, 2, 3])  # blocks of G: one head, i < j and i > j
 def test_gauss_newton_system_is_kaufman_projection(rng, heads):
     problem, theta = small_problem(rng, heads=heads)
@@ -70,6 +71,7 @@ def test_restricted_system_is_the_full_system_seen_through_the_basis(rng):
         np.testing.assert_allclose(gb, basis.T @ g, rtol=1e-9, atol=1e-11)
 
 
+@pytest.mark.slow
 def test_a_stalled_start_stops_early_at_the_same_cost():
     # LM restricted to a random 4-dimensional subspace of Θ: its minimum there is no fit, so
     # without the stall test it runs out its budget
@@ -85,6 +87,7 @@ def test_a_stalled_start_stops_early_at_the_same_cost():
     np.testing.assert_allclose(short[2][-1], full[2][-1], rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_variable_projection_recovers_random_teachers():
     # (dim, tokens, heads) = (8, 4, 2), β = 4, float64: ≥ 90% of 32 teachers recovered
     task = mh.RegressionTask(
@@ -97,6 +100,7 @@ def test_variable_projection_recovers_random_teachers():
     assert np.all(res.status["converged"][ok]) and np.all(res.status["steps_taken"][ok] < 20)
 
 
+@pytest.mark.slow
 def test_restarts_keep_the_best_residual(rng):
     task = mh.RegressionTask(teacher=mh.TeacherSpec(heads=2, dim=4, tokens=3), samples=60)
     _, problem = task.sample(jax.random.key(1))
@@ -112,6 +116,7 @@ def test_restarts_keep_the_best_residual(rng):
     assert float(out.info["starts"]) == 5  # none fits at tol 0: every start ran
 
 
+@pytest.mark.slow
 def test_starts_run_one_after_another_until_one_fits():
     # realizable data: the first start fits, so the second never runs; vmapped the same (float64
     # products: float32 ones round differently under vmap, and the path then differs in ulps)
@@ -133,6 +138,7 @@ def test_starts_run_one_after_another_until_one_fits():
     assert np.all(np.asarray(both.info["starts"]) >= 1)
 
 
+@pytest.mark.slow
 def test_a_nan_start_never_beats_a_finite_one(monkeypatch):
     # a stand-in solver whose final cost is NaN from starts with Θ[0,0,0] > 0: the finite
     # second start must be kept, and a lone NaN first start returned as it is (not +inf)
@@ -169,6 +175,7 @@ def test_reduced_gradient_is_the_systems_gradient(rng):
     np.testing.assert_allclose(varpro.reduced_gradient(problem, theta, W), g, rtol=1e-9)
 
 
+@pytest.mark.slow
 def test_float32_products_and_chunks_give_the_same_system(rng):
     # the float32 system is the float64 one to float32 accuracy, for any chunking
     problem, theta = small_problem(rng, samples=40)
@@ -181,6 +188,7 @@ def test_float32_products_and_chunks_give_the_same_system(rng):
         np.testing.assert_allclose(g32, g, atol=1e-5 * np.abs(g).max())
 
 
+@pytest.mark.slow
 def test_reusing_the_system_converges_in_fewer_systems():
     # Shamanskii steps (same matrix, fresh gradient) on realizable data: the cost never
     # rises, every fit converges, and the more steps a matrix may serve, the fewer systems
@@ -198,6 +206,7 @@ def test_reusing_the_system_converges_in_fewer_systems():
         assert systems[more].sum() < systems[fewer].sum()
 
 
+@pytest.mark.slow
 def test_a_float32_system_reaches_the_float64_fits():
     # the system built and factored in float32 only sets the step: on realizable data every
     # fit converges to the same parameters as with a float64 system, in about as many systems

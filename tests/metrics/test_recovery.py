@@ -20,6 +20,7 @@ def layer(rng, heads, dim, scale=1.0):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rows,cols", [(3, 3), (5, 5), (5, 3), (4, 2), (1, 1)])
 def test_hungarian_equals_scipy(rng, rows, cols):
     costs = rng.standard_normal((16, rows, cols))
@@ -31,6 +32,7 @@ def test_hungarian_equals_scipy(rng, rows, cols):
         np.testing.assert_allclose(g, c[r, k].sum(), rtol=1e-12)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("student_heads,teacher_heads", [(2, 2), (3, 2), (4, 4), (5, 5), (6, 3)])
 def test_match_heads_least_total_cost_equals_scipy(rng, student_heads, teacher_heads):
     # (2, 2), (3, 2), (4, 4): every pairing scored; (5, 5), (6, 3): the Hungarian algorithm
@@ -73,6 +75,7 @@ def brute_force_errors(student, teacher):
     ), best
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("student_heads,teacher_heads", [(3, 3), (4, 2), (2, 1), (3, 2)])
 def test_parameter_errors_equal_brute_force(rng, student_heads, teacher_heads):
     teacher = layer(rng, teacher_heads, 3)
@@ -146,6 +149,7 @@ def test_success_and_classification_errors(rng):
     np.testing.assert_allclose(out.error, np.mean(np.sign(scores) != y), rtol=1e-12)
 
 
+@pytest.mark.slow
 def test_metrics_under_jit_and_vmap(rng):
     teachers = jax.vmap(lambda k: mh.sample_teacher(k, mh.TeacherSpec(heads=2, dim=4, tokens=3)))(
         jax.random.split(jax.random.key(0), 6)

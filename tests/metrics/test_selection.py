@@ -59,6 +59,7 @@ def cvxpy_svm(X, Z, selected, norm):
     return W.value
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n,T,d", [(6, 8, 10), (20, 8, 4), (12, 16, 3)])
 def test_frobenius_svm_equals_least_distance_and_cvxpy(rng, n, T, d):
     X, Z, selected = problem(rng, n, T, d)
@@ -73,6 +74,7 @@ def test_frobenius_svm_equals_least_distance_and_cvxpy(rng, n, T, d):
     assert float(svm.objective) == pytest.approx(np.linalg.norm(exact), rel=1e-10)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n,T,d", [(6, 8, 10), (20, 8, 4)])
 def test_nuclear_svm_equals_cvxpy_and_certifies_itself(rng, n, T, d):
     X, Z, selected = problem(rng, n, T, d)
@@ -108,6 +110,7 @@ def test_selection_scores_weights_and_correlation_in_loops(rng):
     assert float(direction_correlation(W, -W)) == pytest.approx(-1.0, rel=1e-12)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("norm", ["fro", "nuclear"])
 def test_a_solve_cut_short_is_feasible_and_its_gap_brackets_the_optimum(rng, norm):
     X, Z, selected = problem(rng, 20, 8, 4)

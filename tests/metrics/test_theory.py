@@ -17,6 +17,7 @@ def classifier(rng, heads=3, tokens=4, dim=5, spec=DEFAULT, w_scale=0.5):
     return mh.ClassifierParams(W=W, U=U, prompt=prompt)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "spec", [mh.ClassifierSpec(), mh.ClassifierSpec(query="prompt", readout="vector")]
 )
@@ -77,6 +78,7 @@ def test_svm_margin_flags_non_separable_data(rng):
     assert not bool(got.separable) and got.margin == 0
 
 
+@pytest.mark.slow
 def test_lanczos_extremes_equal_a_dense_hessian_score(rng):
     spec = mh.ClassifierSpec()
     params = classifier(rng, heads=2, tokens=3, dim=3)
@@ -91,6 +93,7 @@ def test_lanczos_extremes_equal_a_dense_hessian_score(rng):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("depth", [10, 30])
 def test_lanczos_survives_an_invariant_krylov_space(rng, depth):
     # a rank-3 operator in 30 dimensions: the Krylov space is invariant after 3 steps, and the
@@ -104,6 +107,7 @@ def test_lanczos_survives_an_invariant_krylov_space(rng, depth):
     assert abs(float(last)) < 1e-12
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("heads", [1, 4, 16])
 def test_lanczos_weak_convexity_within_1e_3_of_a_dense_hessian_at_the_defaults(heads):
     # the step-size study's loss at its start (W = 0, Gaussian U), 96–1536 parameters: more
@@ -138,6 +142,7 @@ def test_lanczos_weak_convexity_within_1e_3_of_a_dense_hessian_at_the_defaults(h
     np.testing.assert_allclose(got32, dense_ratio, rtol=1e-3)
 
 
+@pytest.mark.slow
 def test_hessian_norm_falls_like_one_over_sqrt_heads():
     # at random initialisation with α_H = 1/√H and tokens of unit scale (as in the mixture):
     # √H·‖∇²Φ‖ stays of the same order across H (it grows only through the largest of H
@@ -183,6 +188,7 @@ def test_relevant_attention_equals_loop_reference(rng):
     )
 
 
+@pytest.mark.slow
 def test_movement_and_stability_proxy(rng):
     start = classifier(rng)
     moved = mh.ClassifierParams(W=start.W + 0.1, U=start.U * 2)
@@ -213,6 +219,7 @@ def test_theory_quantities_vmap(rng):
         np.testing.assert_allclose(batched.margin[i], single.margin, rtol=1e-10)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("decoys", [0, 1])
 def test_decoys_make_the_mean_pooled_features_inseparable_but_not_the_attention_model(decoys):
     # W = 0: uniform attention, the U-part features are the token average (mean pooling)
