@@ -63,8 +63,8 @@ def _spec(name: str) -> type:
         kind = Literal[tuple(f["choices"])] if f["choices"] else _TYPES[f["type"]]
         kind = tuple[kind, ...] if f["many"] else kind
         default = tuple(f["default"]) if f["many"] else f["default"]
-        help = tyro.conf.arg(help=f["help"])
-        fields.append((f["name"], Annotated[kind, help], dataclasses.field(default=default)))
+        meaning = tyro.conf.arg(help=f["help"])
+        fields.append((f["name"], Annotated[kind, meaning], dataclasses.field(default=default)))
     spec = dataclasses.make_dataclass(f"{name}_options", fields, frozen=True)
     spec.__doc__, spec.study = entry["description"], name
     return spec

@@ -130,8 +130,10 @@ def test_a_dim_study_at_one_head_draws_its_heatmaps_over_dim(tiny_results):
     ds = load(tiny_results["phase"][1]).isel(heads=[0])
     dims = xr.concat([ds, ds.assign_coords(dim=[2 * ds["dim"].item()])], "dim")
     fig = STUDIES["phase"].figure(dims)
-    heat = fig.axes[0]
+    heat = next(ax for ax in fig.axes if ax.get_title() == "recovered")
     assert [t.get_text() for t in heat.get_yticklabels()] == [f"{d}" for d in dims["dim"].values]
+    curves = [ax.get_title() for ax in fig.axes if ax.get_title().startswith("recovered vs")]
+    assert curves == [f"recovered vs N/N_c: dim d {d}" for d in dims["dim"].values]
     assert heat.get_ylabel().endswith("token dimension d")
     xlabels = [ax.get_xlabel() for ax in fig.axes]
     assert "heads m" not in xlabels and "token dimension d" in xlabels

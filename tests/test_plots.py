@@ -17,9 +17,10 @@ matplotlib.use("Agg")
 def test_every_figure_renders_and_explains_itself(tiny_results, tmp_path, name):
     study, path = tiny_results[name]
     fig = plot(load(path))
-    labels = [ax.get_xlabel() for ax in fig.axes]
+    panels = [ax for ax in fig.axes if not hasattr(ax, "_colorbar")]  # colour bars: y only
+    labels = [ax.get_xlabel() for ax in panels]
     assert all(labels) and all(ax.get_ylabel() for ax in fig.axes)
-    curves = [line for ax in fig.axes for line in ax.get_lines()]
+    curves = [line for ax in panels for line in ax.get_lines()]
     assert curves
     for line in curves:  # every curve drawn has points (an all-NaN curve is a defect)
         assert np.isfinite(np.asarray(line.get_ydata(), float)).any(), line.get_label()
@@ -53,3 +54,49 @@ def test_unknown_results_are_refused(tiny_results):
         plot(ds)
     with pytest.raises(ValueError, match="no known study"):
         plot(xr.Dataset())
+
+
+@pytest.mark.slow
+def test_sculpt_figure_draws_the_rows_asked_for_and_refuses_others(tiny_results):
+    from mhalearn.experiments.sculpt import FIGURE_ROWS, Sculpt
+
+    ds = load(tiny_results["sculpt"][1])
+    heads = ds.sizes["heads"]
+    for rows in (("sigma_w", "truth_in_k"), ("span",), ("theta_error", "recovered")):
+        fig = Sculpt.figure(ds, rows)
+        assert len(fig.axes) == len(rows) * heads
+        texts = " ".join(t.get_text() for t in fig.texts)
+        assert f"Row {len(rows)}:" in texts and f"Row {len(rows) + 1}:" not in texts
+    assert len(Sculpt.figure(ds).axes) == len(FIGURE_ROWS) * heads
+    with pytest.raises(ValueError, match="rows: expected some of"):
+        Sculpt.figure(ds, ("nonsense",))
+
+
+@pytest.mark.slow
+def test_phase_figure_opens_with_success_curves_and_colour_bars(tiny_results):
+    ds = load(tiny_results["phase"][1])
+    fig = plot(ds)
+    top = [ax for ax in fig.axes if ax.get_title().startswith("recovered vs N/N_c")]
+    assert len(top) == ds.sizes["heads"]
+    for ax in top:
+        assert ax.get_ylabel() == "share recovered" and ax.get_lines()
+    bars = [ax for ax in fig.axes if ax.get_ylabel() == "share of teachers"]
+    assert len(bars) == ds.sizes["learner"] * ds.sizes["beta"]
+
+
+def test_max_margin_curves_that_coincide_stay_apart():
+    """Two cells with identical values: drawn at shifted steps, one with hollow markers."""
+    from mhalearn.experiments import MaxMargin
+
+    steps = np.array([0, 1, 10])
+    values = np.broadcast_to(np.linspace(0, 1, 3), (1, 2, 1, 4, 3)).copy()
+    trace = (("shape", "attention", "heads", "instance", "step"), values)
+    ds = xr.Dataset(
+        {"trace_correlation": trace, "trace_selected_weight": trace},
+        coords={"shape": ["6x8x10"], "attention": ["cross", "self"], "heads": [1], "step": steps},
+    )
+    ds.attrs["config"] = "{}"
+    fig = MaxMargin.figure(ds)
+    lines = [line for line in fig.axes[0].get_lines() if len(line.get_xdata()) == 3]
+    assert len({tuple(line.get_xdata()) for line in lines}) == 2
+    assert {line.get_markerfacecolor() == "none" for line in lines} == {True, False}
