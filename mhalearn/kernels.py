@@ -93,7 +93,23 @@ def mha(
 ) -> Float[Array, "tokens dim"]:
     """The Chen–Li multi-head attention layer ``F(X) = Σ_i softmax(X Θ_i Xᵀ) X W_i``.
 
-    No 1/√d temperature (the scale lives in Θ), no mask, residual, bias or normalisation.
+    No 1/√d temperature (the scale lives in Θ), no mask, residual, bias or normalisation;
+    the softmax is row-wise over keys.
+
+    Args:
+        X: one sequence, tokens × dim.
+        theta: the heads' attention matrices Θ_i, heads × dim × dim.
+        W: the heads' value matrices W_i, heads × dim × dim.
+
+    Returns:
+        F(X), tokens × dim.
+
+    Raises:
+        ValueError: the shapes do not agree (the message names the expected and the
+            received shapes).
+
+    References:
+        Chen & Li, "Provably learning a multi-head attention layer", arXiv:2402.04084.
     """
     X, theta, W = arrays(X=X, theta=theta, W=W)
     check_shapes(

@@ -115,16 +115,24 @@ def to_jsonable(obj: Any) -> Any:
 class Results:
     """Per-instance outcomes as host arrays (leading axis: instance)."""
 
-    metrics: dict[str, np.ndarray]  # (instances,)
-    # (instances,): diverged, diverged_at, converged, steps_taken and the task's checks
-    # (teacher_accepted: the teacher passed its non-degeneracy checks)
+    metrics: dict[str, np.ndarray]
+    """Each score, shape (instances,): the task's metrics (for regression ``success``,
+    ``theta_error_max``, ``prediction_error``, ...) and the learner's ``info_*``."""
     status: dict[str, np.ndarray]
-    trace_steps: np.ndarray | None  # (snapshots,); None when nothing was traced
-    trace: dict[str, np.ndarray]  # (instances, snapshots): loss and monitored metrics
-    sweep: dict[str, np.ndarray]  # (instances,): every swept number, by its path in the spec
-    key_ids: np.ndarray  # (instances,): instance i used fold_in(root_key, key_ids[i])
+    """Shape (instances,): ``diverged``, ``diverged_at``, ``converged``, ``steps_taken`` and
+    the task's checks (``teacher_accepted``: the teacher passed its non-degeneracy checks)."""
+    trace_steps: np.ndarray | None
+    """The logged steps, shape (snapshots,); None when nothing was traced."""
+    trace: dict[str, np.ndarray]
+    """Shape (instances, snapshots): the training loss and the monitored metrics."""
+    sweep: dict[str, np.ndarray]
+    """Shape (instances,): every swept number, by its path in the spec."""
+    key_ids: np.ndarray
+    """Shape (instances,): instance i used ``fold_in(root_key, key_ids[i])``."""
     attrs: dict[str, Any]
-    params: Any = None  # fitted parameters, when asked for
+    """Provenance and settings shared by every instance (e.g. ``success_tol``)."""
+    params: Any = None
+    """The fitted parameters, instance axis first (``simulate(..., keep_params=True)``)."""
 
     def arrays(self) -> dict[str, np.ndarray]:
         """Metrics, status and the trace (as ``trace_*``), by name, instance axis first."""
@@ -201,12 +209,26 @@ def measure(
     """``fn(instance_keys(fold_in(key, key_ids[i])), spec_i)`` for every instance i: THE way a
     per-instance computation is batched, whether or not it is a fit (:func:`simulate` is one).
 
-    ``spec`` is any PyTree of specs (tasks, learners, teacher specs, numbers): a number is
-    shared when it is a scalar and swept when it is an array of shape ``(instances,)``
-    (instance i sees entry i; the sweep is one compilation). The keys are split here, once, for
-    every study: the problem key draws the task, the fit key the learner, the evaluation key
-    the scoring. ``engine``: the options of :class:`~mhalearn.batch.Engine` (see
-    :func:`~mhalearn.batch.map_instances`).
+    The keys are split here, once, for every study: the problem key draws the task, the fit
+    key the learner, the evaluation key the scoring.
+
+    Args:
+        key: the root key.
+        fn: ``fn(keys, spec) -> {"metrics": ..., "status": ..., ...}`` for one instance.
+        spec: any PyTree of specs (tasks, learners, teacher specs, numbers): a number is
+            shared when it is a scalar and swept when it is an array of shape
+            ``(instances,)`` (instance i sees entry i; the sweep is one compilation).
+        instances: how many instances (≥ 1).
+        key_ids: each instance's key index (default ``0 .. instances−1``).
+        **engine: the options of :class:`~mhalearn.batch.Engine` (see
+            :func:`~mhalearn.batch.map_instances`).
+
+    Returns:
+        The per-instance :class:`Results`.
+
+    Raises:
+        ValueError: ``instances`` < 1, or an array in ``spec`` that is neither a scalar nor
+            of length ``instances``.
     """
     instances = positive_int("instances", instances)
     key_ids = np.arange(instances) if key_ids is None else np.asarray(key_ids)
@@ -267,13 +289,31 @@ def simulate(
     keep_params: bool = False,
     **engine: Any,
 ) -> Results:
-    """Draw ``instances`` random instances of ``task``, fit each with ``learner``, score them.
+    """Draw ``instances`` random instances of ``task``, fit each with ``learner``, score them,
+    all in one compiled computation.
 
     Instance i draws its problem, start and evaluation data from
-    ``fold_in(key, key_ids[i])`` (``key_ids`` defaults to ``0 .. instances−1``; repeat ids to
-    give several swept hyperparameters the same problems). ``engine``: the options of
-    :class:`~mhalearn.batch.Engine` (``chunk_size``, ``devices``, ``vector_width``,
-    ``options``, ``progress``).
+    ``fold_in(key, key_ids[i])``. A number in ``task`` or ``learner`` is shared when it is a
+    scalar and swept when it is an array of shape ``(instances,)``; the sweep compiles once.
+
+    Args:
+        key: the root key.
+        task: what to draw and how to score it (:mod:`mhalearn.tasks`).
+        learner: how to fit (:mod:`mhalearn.learners`).
+        instances: how many instances (≥ 1).
+        key_ids: each instance's key index (default ``0 .. instances−1``); repeat ids to give
+            several swept hyperparameters the same problems.
+        keep_params: also return the fitted parameters (``Results.params``).
+        **engine: the options of :class:`~mhalearn.batch.Engine` (``chunk_size``,
+            ``devices``, ``vector_width``, ``options``, ``progress``).
+
+    Returns:
+        The per-instance :class:`Results`; results never depend on ``chunk_size`` or the
+        device count.
+
+    Raises:
+        ValueError: ``instances`` < 1, a swept array whose length is not ``instances``, or
+            an engine option out of range.
     """
 
     spec = {"task": task, "learner": learner}

@@ -244,8 +244,16 @@ def sample_teacher(key: PRNGKeyArray, spec: TeacherSpec) -> LayerParams:
     """Draw a teacher from ``spec``, resampling until the family's checks pass.
 
     Draw j uses ``fold_in(key, j)``. Works under ``jit`` and ``vmap`` over keys (and over
-    array-valued numbers in ``spec``). If ``spec.max_attempts`` draws all fail, the last one
-    is returned; :func:`sample_teacher_with_info` says when that happened.
+    array-valued numbers in ``spec``).
+
+    Args:
+        key: the teacher's key.
+        spec: its shapes, scale β, family and check thresholds.
+
+    Returns:
+        The teacher's :class:`~mhalearn.params.LayerParams` (Θ and W, each heads × dim ×
+        dim). If ``spec.max_attempts`` draws all fail, the last one:
+        :func:`sample_teacher_with_info` says when that happened.
     """
     return sample_teacher_with_info(key, spec)[0]
 

@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import jax
 import numpy as np
@@ -32,6 +32,9 @@ from mhalearn._validate import study_fields
 from mhalearn.batch import Engine, provenance
 from mhalearn.simulate import Results, grid_dataset, to_jsonable
 from mhalearn.variables import annotate
+
+if TYPE_CHECKING:
+    import xarray as xr
 
 
 @dataclasses.dataclass(frozen=True)
@@ -259,12 +262,26 @@ class _CellBar:
         self.bar.close()
 
 
-def run_study(study: Study, store=None, engine: Engine | None = None, quiet: bool = True):
-    """Run every cell of ``study`` (only the missing ones when ``store`` holds some) and return
-    the merged Dataset; with a store, each finished cell is saved at once and the merged
-    results are written to ``store.results_path``. Unless ``quiet``, a progress bar (on a
-    terminal) counts cells and shows the current cell's phase; when stderr is not a terminal, a
-    line on it says how many cells are left, then one per finished cell, with its time."""
+def run_study(
+    study: Study, store: Any = None, engine: Engine | None = None, quiet: bool = True
+) -> xr.Dataset:
+    """Run every cell of ``study`` and return the merged Dataset.
+
+    Args:
+        study: the study spec.
+        store: a :class:`~mhalearn.store.Store` to resume from and save to: only the cells it
+            lacks are computed, each saved as it finishes, and the merged results are written
+            to ``store.results_path``. None: in memory.
+        engine: the engine options (default :class:`~mhalearn.batch.Engine`).
+        quiet: no progress. Otherwise a progress bar (on a terminal) counts cells and shows
+            the current cell's phase; when stderr is not a terminal, a line on it says how
+            many cells are left, then one per finished cell, with its time.
+
+    Returns:
+        The merged results: dimensions (static axes, vmapped axes, ``instance``,
+            ``step``), a coordinate for every swept value, what :meth:`Study.derive` adds,
+            and attributes that make it reproducible.
+    """
     engine = engine or Engine()
     cells = study.cells()
     key = jax.random.key(study.seed)
