@@ -249,6 +249,7 @@ def test_every_bad_input_gets_one_line_exit_2_and_no_traceback(args, fragment, f
     assert code == 2, out.err
     assert len(lines) == 1 and lines[0].startswith("mhalearn: error: "), out.err
     assert fragment.replace("{root}", str(files)) in lines[0], lines[0]
+    assert "Traceback" not in out.err
     assert out.out == ""
 
 

@@ -36,6 +36,11 @@ BLOCKS = blocks()
 def test_there_are_blocks_to_check():
     readme = [b for b in BLOCKS if b[0].startswith("README.md")]
     assert readme and len(BLOCKS) >= 10
+    stated = sum(
+        len(output.splitlines()) if output else len(EXPECTED.findall(code))
+        for _, code, output in BLOCKS
+    )
+    assert stated >= 5  # printed lines whose text the pages state
     assert all(len(code.splitlines()) <= 30 for _, code, _ in readme)
 
 
