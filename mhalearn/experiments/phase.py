@@ -147,11 +147,11 @@ class Phase(Study):
             "learner": ("varpro", "adam", "chen_li"),
             "heads": (1, 2, 3, 4),
             "beta": (4.0,),
-            "instances": 256,
+            "instances": 128,
         },
         "full_gaussian": {**FULL, "inputs": ("gaussian",)},
-        # the threshold vs dim at two heads: 1024 teachers, as the full diagram
-        "full_dim": {**FULL, "dim": (4, 8, 16), "heads": (2,), "beta": (4.0,)},
+        # the threshold vs dim at two heads
+        "full_dim": {**FULL, "dim": (4, 8, 16), "heads": (2,), "beta": (4.0,), "instances": 256},
     }
 
     learner: tuple[str, ...] = ("varpro", "oracle")
