@@ -126,7 +126,9 @@ def values_axis(ax, values: Sequence[float], label: str) -> None:
     ax.set_xscale("log")
     ax.xaxis.set_major_locator(FixedLocator(values))
     ax.xaxis.set_minor_locator(NullLocator())
-    ax.set_xticklabels([f"{v:g}" for v in values])
+    # more than six values do not fit side by side on a panel: written upright, smaller
+    crowded = {"rotation": 90, "fontsize": 7} if len(values) > 6 else {}
+    ax.set_xticklabels([f"{v:g}" for v in values], **crowded)
     pad = 1.15
     ax.set_xlim(min(values) / pad, max(values) * pad)
     ax.set_xlabel(label)
