@@ -80,6 +80,7 @@ if TYPE_CHECKING:  # the exports, bound on first use by __getattr__ below
         prepared,
         start_point,
     )
+    from mhalearn.restarts import simulate_starts
     from mhalearn.simulate import InstanceKeys, Results, measure, simulate
     from mhalearn.tasks import ClassificationTask, RegressionTask, Task, UserTask
     from mhalearn.teachers import (
@@ -160,6 +161,7 @@ __all__ = [
     "sample_tokens",
     "set_precision",
     "simulate",
+    "simulate_starts",
     "split_cpu",
     "squared_loss_and_grad",
     "start_point",

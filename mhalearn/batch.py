@@ -40,7 +40,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jaxtyping import PRNGKeyArray, PyTree
 
 from mhalearn._validate import choice, positive_int
-from mhalearn._version import __version__
+from mhalearn._version import __version__, source_commit
 
 AXIS = "instances"
 
@@ -356,6 +356,7 @@ def provenance(devices: Sequence[jax.Device] | None = None) -> dict[str, Any]:
     devs = select_devices(devices)
     return {
         "mhalearn_version": __version__,
+        "mhalearn_commit": source_commit(),
         "jax_version": jax.__version__,
         "device_kind": devs[0].device_kind,
         "devices": len(devs),

@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
 import tyro
 
@@ -62,8 +62,14 @@ def _spec(name: str) -> type:
     for f in entry["fields"]:
         kind = Literal[tuple(f["choices"])] if f["choices"] else _TYPES[f["type"]]
         kind = tuple[kind, ...] if f["many"] else kind
-        default = tuple(f["default"]) if f["many"] else f["default"]
+        kind = Optional[kind] if f["optional"] else kind  # noqa: UP045 (built at runtime)
+        default = tuple(f["default"]) if f["many"] and f["default"] is not None else f["default"]
         meaning = tyro.conf.arg(help=f["help"])
+        if f["optional"]:  # unset by default: its help says what that means
+            hint = "(default: unset)"
+            meaning = tyro.conf.arg(
+                help=f["help"], metavar=f["type"].upper(), help_behavior_hint=hint
+            )
         fields.append((f["name"], Annotated[kind, meaning], dataclasses.field(default=default)))
     spec = dataclasses.make_dataclass(f"{name}_options", fields, frozen=True)
     spec.__doc__, spec.study = entry["description"], name

@@ -66,6 +66,9 @@ def study_options() -> dict[str, Any]:
         fields = []
         for f in dataclasses.fields(cls):
             kind = hints[f.name]
+            optional = type(None) in typing.get_args(kind)  # X | None: None means unset
+            if optional:
+                (kind,) = (a for a in typing.get_args(kind) if a is not type(None))
             many = typing.get_origin(kind) is tuple
             kind = typing.get_args(kind)[0] if many else kind
             choices = list(typing.get_args(kind)) if typing.get_origin(kind) is Literal else None
@@ -75,8 +78,9 @@ def study_options() -> dict[str, Any]:
                     "name": f.name,
                     "type": type(choices[0]).__name__ if choices else kind.__name__,
                     "many": many,
+                    "optional": optional,
                     "choices": choices,
-                    "default": list(value) if many else value,
+                    "default": list(value) if many and value is not None else value,
                     "help": docs.get(f.name, ""),
                 }
             )

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import mhalearn as mh
+from mhalearn._version import source_commit
 from mhalearn.experiments import STUDIES, Recovery, Regimes, run_study
 from mhalearn.metrics import theory
 from mhalearn.simulate import instance_keys
@@ -21,7 +22,7 @@ DIMS = {
     "stepsize": ("heads", "instance", "step"),
     "samples": ("samples", "heads", "instance", "step"),
     "margin": ("init", "heads", "instance"),
-    "phase": ("learner", "inputs", "dim", "heads", "ratio", "beta", "instance"),
+    "phase": ("learner", "inputs", "dim", "heads", "ratio", "budget", "beta", "instance"),
     "sculpt": ("heads", "samples", "beta", "instance", "phase"),  # phase: the timed phases
     "max_margin": ("shape", "attention", "heads", "instance", "step"),
 }
@@ -45,6 +46,7 @@ def test_study_dataset_has_documented_dims_coords_and_attrs(tiny_results, name):
     assert ds.attrs["precision"] == "float64"  # the tests enable x64
     assert ds.attrs["jax_version"] == jax.__version__
     assert ds.attrs["mhalearn_version"] == mh.__version__
+    assert ds.attrs["mhalearn_commit"] == source_commit()
     assert ds.attrs["device_kind"] == jax.devices()[0].device_kind
     assert np.isfinite(head.values).any()
 

@@ -5,7 +5,12 @@ import pytest
 
 from mhalearn import stats
 from mhalearn.experiments import STUDIES
-from mhalearn.experiments.phase import THRESHOLD_DIMS, critical_samples, samples_at
+from mhalearn.experiments.phase import (
+    STATISTICAL_DIMS,
+    THRESHOLD_DIMS,
+    critical_samples,
+    samples_at,
+)
 from mhalearn.store import load
 
 
@@ -93,8 +98,8 @@ def test_thresholds_and_their_intervals_are_reproducible(tiny_results):
 def test_a_separated_curve_has_the_grid_points_around_its_jump_as_interval(tiny_results):
     _, path = tiny_results["phase"]
     ds = load(path).sel(learner="varpro")
-    for at in np.ndindex(ds.sizes["heads"], ds.sizes["beta"]):
-        one = ds.isel(heads=at[0], beta=at[1], inputs=0, dim=0)
+    for at in np.ndindex(ds.sizes["heads"], ds.sizes["beta"], ds.sizes["budget"]):
+        one = ds.isel(heads=at[0], beta=at[1], budget=at[2], inputs=0, dim=0)
         hits = one["success"].sum("instance").values
         n = one.sizes["instance"]
         log_n = np.log(one["samples"].values)
@@ -108,6 +113,12 @@ def test_a_separated_curve_has_the_grid_points_around_its_jump_as_interval(tiny_
     "bad, message",
     [
         (dict(ratio=(2.0, 1.0)), "increasing"),
+        (dict(budget=(2.0, 1.0)), "budget: expected increasing"),
+        (dict(budget=(0.0, 1.0)), "budget"),
+        (dict(iterations=0), "iterations"),
+        (dict(family="near_duplicate"), "needs heads >= 2"),
+        (dict(family="two_tokens"), "needs tokens == 2"),
+        (dict(family="hard"), "family"),
         (dict(inputs=("uniform",)), "inputs"),
         (dict(learner=("nope",)), "learner"),
         (dict(ratio=(0.0, 1.0)), "ratio"),
@@ -137,3 +148,117 @@ def test_a_dim_study_at_one_head_draws_its_heatmaps_over_dim(tiny_results):
     assert heat.get_ylabel().endswith("token dimension d")
     xlabels = [ax.get_xlabel() for ax in fig.axes]
     assert "heads m" not in xlabels and "token dimension d" in xlabels
+
+
+@pytest.mark.slow
+def test_budget_rungs_are_nested(tiny_results):
+    """The larger budget only adds starts: a teacher fitted within the smaller budget keeps
+    its fit, and no teacher runs fewer starts."""
+    study, path = tiny_results["phase"]
+    ds = load(path)
+    small, large = ds.isel(budget=0), ds.isel(budget=1)
+    for learner in ds["learner"].values:
+        starts = study.starts(str(learner))
+        assert starts[1] >= starts[0] >= 1
+        s, g = small.sel(learner=learner), large.sel(learner=learner)
+        assert (g["info_starts"] >= s["info_starts"]).all()
+        assert (s["info_starts"] <= starts[0]).all() and (g["info_starts"] <= starts[1]).all()
+        kept = s["converged"] == 1
+        for name in ("success", "train_excess", "theta_error_max", "info_starts"):
+            np.testing.assert_array_equal(s[name].where(kept), g[name].where(kept), err_msg=name)
+    varpro = large.sel(learner="varpro")
+    assert (varpro["info_starts"] > 2).any()  # the ladder ran more starts somewhere
+
+
+@pytest.mark.slow
+def test_converged_thresholds_are_where_the_two_largest_budgets_agree(tiny_results):
+    _, path = tiny_results["phase"]
+    ds = load(path)
+    checked = 0
+    for at in np.ndindex(*(ds.sizes[d] for d in THRESHOLD_DIMS if d != "budget")):
+        sel = dict(zip([d for d in THRESHOLD_DIMS if d != "budget"], at, strict=True))
+        one = ds.isel(sel)
+        t, lo, hi = (one[f"threshold{s}"].values for s in ("", "_lower", "_upper"))
+        flag = float(one["budget_converged"])
+        if not np.isfinite(t).all():
+            assert np.isnan(flag) and np.isnan(float(one["threshold_converged"]))
+            continue
+        agree = lo[1] <= hi[0] and lo[0] <= hi[1]
+        assert flag == float(agree)
+        expect = t[1] if agree else np.nan
+        np.testing.assert_equal(float(one["threshold_converged"]), expect)
+        checked += 1
+    assert checked >= 2
+
+
+@pytest.mark.slow
+def test_identified_means_no_fit_explains_the_data_away_from_the_teacher(tiny_results):
+    study, path = tiny_results["phase"]
+    ds = load(path)
+    largest = ds.isel(budget=-1)
+    away = largest["failure_identification"].max("learner")
+    np.testing.assert_array_equal(ds["identified"], 1 - away.transpose(*ds["identified"].dims))
+    # below the counting limit (N/N_c = 1/2) the data cannot identify a teacher: the oracle
+    # reaches the teacher's training loss from its neighbourhood, away from it, every time
+    below = largest.sel(ratio=0.5)
+    assert (below.sel(learner="oracle")["train_excess"] <= study.fit_tol).all()
+    assert (below["identified"] == 0).all()
+    # well above it (16 N_c) every teacher is identified: the oracle recovers each one
+    above = largest.sel(ratio=16.0)
+    assert (above.sel(learner="oracle")["success"] == 1).all()
+    assert (above["identified"] == 1).all()
+    # the statistical threshold lies where the identified share crosses one half
+    for at in np.ndindex(*(ds.sizes[d] for d in STATISTICAL_DIMS)):
+        one = ds.isel(dict(zip(STATISTICAL_DIMS, at, strict=True)))
+        t = float(one["threshold_statistical"])
+        lo, hi = np.log(0.5 * one["critical_samples"]), np.log(16 * one["critical_samples"])
+        assert lo < np.log(t) < hi
+        assert float(one["threshold_statistical_lower"]) <= t
+        assert t <= float(one["threshold_statistical_upper"])
+        gap = one["threshold"].isel(budget=-1) / t
+        np.testing.assert_allclose(one["threshold_gap"], gap)
+
+
+def test_a_teacher_the_data_do_not_identify_is_found_so():
+    """Hand-built: every sequence repeats one token, so every score row is constant, the
+    attention uniform whatever Θ, and Θ is not identified. The oracle, started beside the
+    teacher, fits the data exactly without moving Θ back: a non-identified fit. With
+    ordinary data of the same size it recovers the teacher."""
+    import jax
+    import jax.numpy as jnp
+
+    from mhalearn.data import boolean_tokens
+    from mhalearn.experiments.phase import failure_kinds
+    from mhalearn.layer import layer_outputs
+    from mhalearn.learners.baselines import OracleConfig
+    from mhalearn.metrics.recovery import parameter_errors, success
+    from mhalearn.problems import RegressionProblem
+    from mhalearn.teachers import TeacherSpec, sample_teacher
+
+    spec = TeacherSpec(heads=1, dim=3, tokens=3, beta=2.0)
+    teacher = sample_teacher(jax.random.key(1), spec)
+    X = boolean_tokens(jax.random.key(2), (40, 3, 3))
+    outcomes = []
+    for data in (jnp.repeat(X[:, :1], 3, axis=1), X):  # one token repeated; as drawn
+        Y = layer_outputs(data, teacher.theta, teacher.W)
+        problem = RegressionProblem(X=data, Y=Y, heads=1, teacher=teacher)
+        fit = OracleConfig().fit(jax.random.key(3), problem)
+        excess = (problem.loss(fit.params) - problem.loss(teacher)) / jnp.mean(Y**2)
+        ok = success(parameter_errors(fit.params, teacher), 1e-3)
+        outcomes.append([bool(v) for v in failure_kinds(ok, excess, 1e-6)] + [bool(ok)])
+    assert outcomes[0] == [False, True, False]  # non-identified: fitted, away from the truth
+    assert outcomes[1] == [False, False, True]  # recovered
+
+
+def test_a_hard_family_draws_its_own_teachers():
+    """The family reaches the teachers: rank-one teachers at one head are drawn (and fitted)
+    differently from random ones on the same keys."""
+    from mhalearn.experiments import run_study
+
+    small = dict(learner=("oracle",), ratio=(8.0,), heads=(1,), dim=(3,), instances=4)
+    runs = [
+        run_study(STUDIES["phase"](family=f, bootstrap=10, **small)) for f in ("random", "rank_one")
+    ]
+    errors = [r["sum_w_error"].values for r in runs]
+    assert not np.array_equal(*errors)
+    assert runs[1].attrs["config"].count('"family": "rank_one"') == 1

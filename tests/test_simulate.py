@@ -68,3 +68,21 @@ def test_task_validation():
         mh.RegressionTask(teacher=TASK.teacher, samples=0)
     with pytest.raises(ValueError, match="active_heads must lie in"):
         mh.ClassificationTask(mixture=mh.MixtureSpec(tokens=4, dim=4), heads=2, active_heads=3)
+
+
+def test_results_name_the_commit_of_the_source():
+    """In a git checkout the provenance names the source's commit (and whether its files
+    differ from it); only outside one is it unknown."""
+    import pathlib
+    import re
+    import subprocess
+
+    from mhalearn._version import source_commit
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True)
+    if head.returncode:
+        assert source_commit() == "unknown"
+    else:
+        assert re.fullmatch(r"[0-9a-f]{40}(\+modified)?", source_commit())
+        assert source_commit().startswith(head.stdout.decode().strip())

@@ -63,6 +63,15 @@ class Study:
             )
         return cls(**{**cls.presets[name], **overrides})
 
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> Study:
+        """The study whose :meth:`config` (read back from JSON: lists for tuples) is
+        ``config``; keys that are not fields (``study``, ``type``, and fields added since,
+        which take their defaults) are left out."""
+        fields = {f.name for f in dataclasses.fields(cls)}
+        values = {k: tuple(v) if isinstance(v, list) else v for k, v in config.items()}
+        return cls(**{k: v for k, v in values.items() if k in fields})
+
     @staticmethod
     def figure(ds):
         """This study's figure of its results ``ds`` (a matplotlib Figure)."""

@@ -27,18 +27,25 @@ from typing import Any, ClassVar
 import equinox as eqx
 import jax
 import numpy as np
+import pandas as pd
+import xarray as xr
 
 from mhalearn import plots, stats
 from mhalearn._validate import choice
 from mhalearn.batch import Engine
 from mhalearn.data import TOKEN_DISTRIBUTIONS
 from mhalearn.experiments.base import Study, product_grid, register_study, results_dataset
-from mhalearn.experiments.recovery import check_regression_learners
-from mhalearn.learners import learner_label, make_learner
+from mhalearn.experiments.recovery import (
+    budget_starts,
+    check_regression_learners,
+    describe_learner,
+    with_iterations,
+)
+from mhalearn.learners import make_learner
 from mhalearn.learners.gd import GDConfig
-from mhalearn.simulate import simulate
+from mhalearn.restarts import simulate_starts
 from mhalearn.tasks import RegressionTask
-from mhalearn.teachers import TeacherSpec
+from mhalearn.teachers import Family, TeacherSpec
 
 #: the default grid of N/N_c: ten values, log-spaced from 0.5 to 32
 RATIOS = (0.5, 0.794, 1.26, 2.0, 3.17, 5.04, 8.0, 12.7, 20.2, 32.0)
@@ -61,8 +68,12 @@ SMALL: dict[str, Any] = dict(
     ratio=(0.5, 2.0, 8.0), heads=(1, 2), dim=(4,), beta=(1.0, 4.0), instances=8
 )
 
-#: the dimensions every threshold variable has (in this order)
-THRESHOLD_DIMS = ("learner", "inputs", "dim", "heads", "beta")
+#: the dimensions of every computational threshold variable (in this order)
+THRESHOLD_DIMS = ("learner", "budget", "inputs", "dim", "heads", "beta")
+#: the dimensions of the statistical threshold's variables: no learner, no budget
+STATISTICAL_DIMS = ("inputs", "dim", "heads", "beta")
+#: the axes of the growth fits' input: the largest budget's thresholds
+GROWTH_AXES = ("learner", "inputs", "dim", "heads", "beta")
 
 
 def critical_samples(heads: int, dim: int, tokens: int) -> float:
@@ -75,19 +86,22 @@ def samples_at(ratio: float, heads: int, dim: int, tokens: int) -> int:
     return max(1, round(ratio * critical_samples(heads, dim, tokens)))
 
 
-def describe_learner(name: str, steps: int, stop_loss: float) -> str:
-    """What learner ``name`` runs in this study (gradient learners stop at ``stop_loss``)."""
-    label = learner_label(name, steps)
-    if isinstance(make_learner(name, steps), GDConfig):
-        label += f", stops at training loss ≤ {stop_loss:g}"
-    return label
+def failure_kinds(success, train_excess, fit_tol: float):
+    """A failed fit's kind: an optimisation failure when its training loss exceeds the
+    teacher's by more than ``fit_tol`` (relative to mean(Y²): ``train_excess``), else
+    non-identified (it explains the data as well as the teacher, away from it). Returns the
+    two 0/1 arrays (optimisation, identification)."""
+    failed = success == 0
+    fitted = train_excess <= fit_tol
+    return failed & ~fitted, failed & fitted
 
 
 @register_study
 @dataclasses.dataclass(frozen=True)
 class Phase(Study):
     """Success, failure type and thresholds of each learner vs N/N_c, heads and β (static
-    grid: learner × inputs × dim × heads × ratio; β swept inside a cell).
+    grid: learner × inputs × dim × heads × ratio; inside a cell, β swept and the budget
+    ladder's nested starts run as rounds).
 
     The defaults are ``mhalearn run``'s main job, about a minute on 2 cores: variable
     projection from random starts beside the oracle (variable projection from the perturbed
@@ -99,12 +113,13 @@ class Phase(Study):
     summary = "where teachers stop being recovered: success vs N/N_c × heads × β, per learner"
     static_axes = ("learner", "inputs", "dim", "heads", "ratio")
     headline = "success"
-    positive = ("ratio", "beta", "success_tol", "fit_tol")
+    positive = ("ratio", "budget", "beta", "success_tol", "fit_tol")
     precision = "float64"  # variable projection and the pipeline need it
     presets: ClassVar[dict[str, dict[str, Any]]] = {
         "tiny": dict(
-            learner=("varpro", "adam"),
-            ratio=(1.0, 4.0, 16.0),
+            learner=("varpro", "adam", "oracle"),
+            ratio=(0.5, 4.0, 16.0),
+            budget=(1.0, 2.0),
             heads=(1, 2),
             dim=(4,),
             beta=(1.0, 4.0),
@@ -169,10 +184,21 @@ class Phase(Study):
     """Teacher attention scales β (‖Θ_i‖_F ≈ β), swept inside a cell."""
     tokens: int = 4
     """Sequence length k."""
+    family: Family = "random"
+    """Teacher family: random draws, or a hard family (near_duplicate and ill_conditioned need
+    heads ≥ 2, two_tokens needs tokens 2; see TeacherSpec)."""
     label_noise: float = 0.0
     """Label noise: Y = F(X) + label_noise·N(0, 1) entrywise (0: realizable)."""
+    budget: tuple[float, ...] = (1.0,)
+    """Budgets, as multipliers of each learner's default number of random starts (varpro: 2,
+    the others: 1; rounded, at least 1), increasing: a dimension of the results. The starts
+    are nested (the run at the largest budget gives every smaller one) and run as rounds over
+    the teachers no start has fitted yet, so the cost follows the failures."""
     steps: int = 3000
-    """Step budget of the gradient learners (adam, gd, ...)."""
+    """Step budget per start of the gradient learners (adam, gd, ...)."""
+    iterations: int | None = None
+    """Levenberg–Marquardt iterations per start of variable projection (``varpro``, and the
+    oracle's refinement); unset (None): the learner's own (20)."""
     stop_loss: float = 1e-12
     """A gradient learner stops (converged) once its training loss is at most this."""
     success_tol: float = 1e-3
@@ -192,20 +218,28 @@ class Phase(Study):
     def __post_init__(self):
         super().__post_init__()
         check_regression_learners(self.learner, self.steps)
-        if list(self.ratio) != sorted(self.ratio):
-            raise ValueError(f"ratio: expected increasing values, received {self.ratio}")
+        for axis in ("ratio", "budget"):
+            values = getattr(self, axis)
+            if any(b <= a for a, b in itertools.pairwise(values)):
+                raise ValueError(f"{axis}: expected increasing values, received {values}")
         for inputs in self.inputs:
             choice("inputs", inputs, TOKEN_DISTRIBUTIONS)
         for h, d in itertools.product(self.heads, self.dim):  # shapes and β before any work
-            TeacherSpec(heads=h, dim=d, tokens=self.tokens, beta=max(self.beta))
+            TeacherSpec(heads=h, dim=d, tokens=self.tokens, beta=max(self.beta), family=self.family)
 
     def learner_config(self, name: str):
         """The config learner ``name`` runs with: the study's step budget, and for gradient
-        learners the stop at ``stop_loss``."""
+        learners the stop at ``stop_loss``; the study's LM iterations where it sets them."""
         config = make_learner(name, self.steps)
         if isinstance(config, GDConfig):
             config = eqx.tree_at(lambda c: c.tol, config, self.stop_loss)
+        if self.iterations is not None:
+            config = with_iterations(config, self.iterations)
         return config
+
+    def starts(self, name: str) -> list[int]:
+        """The random starts of learner ``name`` at each budget."""
+        return budget_starts(self.learner_config(name), self.budget)
 
     def annotations(self) -> dict[str, dict[str, Any]]:
         return {
@@ -220,7 +254,12 @@ class Phase(Study):
         heads, dim = cell["heads"], cell["dim"]
         values, key_ids = product_grid({"beta": self.beta}, self.instances)
         teacher = TeacherSpec(
-            heads=heads, dim=dim, tokens=self.tokens, beta=values["beta"], inputs=cell["inputs"]
+            heads=heads,
+            dim=dim,
+            tokens=self.tokens,
+            beta=values["beta"],
+            inputs=cell["inputs"],
+            family=self.family,
         )
         task = RegressionTask(
             teacher=teacher,
@@ -230,23 +269,44 @@ class Phase(Study):
             success_tol=self.success_tol,
         )
         learner = self.learner_config(cell["learner"])
-        res = simulate(key, task, learner, len(key_ids), key_ids=key_ids, **engine.kwargs())
-        ds = results_dataset(res, {"beta": self.beta}, self.instances)
-        ds = ds.drop_vars([v for v in ds.data_vars if str(v).startswith("trace_")])
-        ds = ds.drop_dims("step", errors="ignore")
-        failed = ds["success"] == 0
-        fitted = ds["train_excess"] <= self.fit_tol
-        ds["failure_optimisation"] = (failed & ~fitted).astype(np.int8)
-        ds["failure_identification"] = (failed & fitted).astype(np.int8)
+        starts = self.starts(cell["learner"])
+        unique = sorted(set(starts))
+        rungs = simulate_starts(
+            key, task, learner, len(key_ids), unique, key_ids=key_ids, **engine.kwargs()
+        )
+        parts = []
+        for n in starts:
+            res = rungs[unique.index(n)]
+            ds = results_dataset(res, {"beta": self.beta}, self.instances)
+            ds = ds.drop_vars([v for v in ds.data_vars if str(v).startswith("trace_")])
+            ds = ds.drop_dims("step", errors="ignore")
+            seconds = res.attrs["compile_seconds"] + res.attrs["run_seconds"]
+            ds["fit_seconds"] = seconds / len(key_ids)
+            parts.append(ds)
+        ds = xr.concat(parts, dim=pd.Index(list(self.budget), name="budget"))
+        optimisation, identification = failure_kinds(
+            ds["success"], ds["train_excess"], self.fit_tol
+        )
+        ds["failure_optimisation"] = optimisation.astype(np.int8)
+        ds["failure_identification"] = identification.astype(np.int8)
         return ds
 
     def derive(self, ds):
-        """Adds the coordinates ``samples`` (N of each cell) and ``critical_samples`` (N_c), the
-        success rates with Wilson 95% intervals (``success_rate``, ``_lower``, ``_upper``), the
-        thresholds (``threshold``: N*₅₀; ``threshold_ratio``: N*₅₀/N_c; each with ``_lower`` and
-        ``_upper``, a 95% bootstrap interval over teachers) over learner × inputs × dim ×
-        heads × β, and their growth in the heads (``growth_power``, ``growth_exponential``,
-        each with bounds; ``growth_exponential_better``, ``growth_better_share``)."""
+        """Adds the coordinates ``samples`` (N of each cell) and ``critical_samples`` (N_c);
+        per learner × budget × inputs × dim × heads × β the success rates with Wilson 95%
+        intervals (``success_rate``, ``_lower``, ``_upper``) and the computational thresholds
+        (``threshold``: N*₅₀; ``threshold_ratio``: N*₅₀/N_c; each with ``_lower`` and
+        ``_upper``, a 95% bootstrap interval over teachers); where there are several budgets,
+        the converged threshold (``threshold_converged``, ``threshold_converged_ratio``: the
+        largest budget's, where the two largest budgets' intervals overlap; NaN where they do
+        not) and the flag ``budget_converged``; the statistical threshold from ``identified``
+        (no fit at the largest budget, of any learner, explains the training data while lying
+        away from the teacher): ``identified_rate`` with Wilson intervals,
+        ``threshold_statistical`` and ``threshold_statistical_ratio`` with bootstrap intervals,
+        and ``threshold_gap`` (the largest budget's N*₅₀ over the statistical one); and the
+        growth of the largest budget's N*₅₀/N_c in the heads (``growth_power``,
+        ``growth_exponential``, each with bounds; ``growth_exponential_better``,
+        ``growth_better_share``)."""
         heads, dims, ratios = ds["heads"].values, ds["dim"].values, ds["ratio"].values
         n_c = np.array([[critical_samples(h, d, self.tokens) for h in heads] for d in dims])
         samples = np.array(
@@ -255,36 +315,67 @@ class Phase(Study):
         ds = ds.assign_coords(
             critical_samples=(("dim", "heads"), n_c), samples=(("dim", "heads", "ratio"), samples)
         )
+        reps = self._crossings(ds, "success", "success_rate", "threshold", THRESHOLD_DIMS)
+        if ds.sizes["budget"] > 1:
+            low, high = ds["threshold_lower"], ds["threshold_upper"]
+            last, before = {"budget": -1}, {"budget": -2}
+            overlap = (low.isel(last) <= high.isel(before)) & (low.isel(before) <= high.isel(last))
+            known = np.isfinite(ds["threshold"].isel(budget=[-2, -1])).all("budget")
+            ds["budget_converged"] = overlap.astype(float).where(known)
+            for name in ("threshold", "threshold_ratio"):
+                for suffix in ("", "_lower", "_upper"):
+                    value = ds[f"{name}{suffix}"].isel(last, drop=True).where(overlap & known)
+                    ds[f"{name.replace('threshold', 'threshold_converged')}{suffix}"] = value
+        away = (ds["failure_identification"].isel(budget=-1, drop=True) == 1).any("learner")
+        ds["identified"] = (~away).astype(np.int8)
+        self._crossings(
+            ds, "identified", "identified_rate", "threshold_statistical", STATISTICAL_DIMS
+        )
+        largest = ds["threshold"].isel(budget=-1, drop=True)
+        ds["threshold_gap"] = largest / ds["threshold_statistical"]
+        return self._growth(ds, reps[:, :, -1])
+
+    def _crossings(self, ds, flag: str, rate: str, threshold: str, dims: tuple[str, ...]):
+        """Adds, over ``dims``, the rate of 0/1 variable ``flag`` per N (``rate`` with Wilson
+        95% bounds) and where its logistic fit in log N crosses one half (``threshold`` and
+        ``threshold``'s ``_ratio`` form, per N_c, with 95% bootstrap intervals over teachers,
+        at least the grid points around a jump from 0 to 1). Returns the bootstrap
+        replicates of N*/N_c, shape (bootstrap, *dims)."""
+        values = ds[flag].transpose(*dims, "ratio", "instance").values
+        samples = ds["samples"].broadcast_like(ds[flag].isel(instance=0))
+        x_all = np.log(samples.transpose(*dims, "ratio").values.astype(float))
+        n_c = ds["critical_samples"].broadcast_like(samples.isel(ratio=0))
+        n_c = n_c.transpose(*dims).values
         idx = stats.bootstrap_indices(ds.sizes["instance"], self.bootstrap, self.seed)
-        shape = tuple(ds.sizes[d] for d in THRESHOLD_DIMS)
+        shape = values.shape[:-2]
         point = np.full(shape, np.nan)
         jump = np.full((2, *shape), np.nan)
         reps = np.full((self.bootstrap, *shape), np.nan)
-        success = ds["success"].transpose(*THRESHOLD_DIMS, "ratio", "instance").values
-        hits, trials = np.nansum(success, axis=-1), np.sum(np.isfinite(success), axis=-1)
+        hits, trials = np.nansum(values, axis=-1), np.sum(np.isfinite(values), axis=-1)
         low, high = stats.wilson(hits, trials)
-        for suffix, values in (("", hits / trials), ("_lower", low), ("_upper", high)):
-            ds[f"success_rate{suffix}"] = ((*THRESHOLD_DIMS, "ratio"), values)
+        for suffix, v in (("", hits / trials), ("_lower", low), ("_upper", high)):
+            ds[f"{rate}{suffix}"] = ((*dims, "ratio"), v)
         for at in np.ndindex(shape):
-            x = np.log(samples[at[2], at[3]])
+            x = x_all[at]
             point[at] = np.exp(stats.logistic_crossing(x, hits[at], trials[at]))
             jump[(slice(None), *at)] = stats.separated_bracket(x, hits[at], trials[at])
-            k, n = stats.resampled_counts(success[at], idx)  # success[at]: (ratio, instance)
+            k, n = stats.resampled_counts(values[at], idx)  # values[at]: (ratio, instance)
             reps[(slice(None), *at)] = np.exp(stats.logistic_crossing(x, k, n))
         lower, upper = stats.percentile_interval(reps)
         # where the rate jumps from 0 to 1 between two grid points, so does every replicate's:
         # the interval is then at least those two points (what the grid resolves)
         lower, upper = np.fmin(lower, np.exp(jump[0])), np.fmax(upper, np.exp(jump[1]))
-        per_nc = n_c[None, None, :, :, None]
-        for suffix, values in (("", point), ("_lower", lower), ("_upper", upper)):
-            ds[f"threshold{suffix}"] = (THRESHOLD_DIMS, values)
-            ds[f"threshold_ratio{suffix}"] = (THRESHOLD_DIMS, values / per_nc)
-        return self._growth(ds, point / per_nc, reps / per_nc)
+        for suffix, v in (("", point), ("_lower", lower), ("_upper", upper)):
+            ds[f"{threshold}{suffix}"] = (dims, v)
+            ds[f"{threshold}_ratio{suffix}"] = (dims, v / n_c)
+        return reps / n_c
 
     @staticmethod
-    def _growth(ds, ratio: np.ndarray, reps: np.ndarray):
-        """The growth fits of N*₅₀/N_c in the heads (axis 3 of ``ratio``), per the rest."""
-        dims = tuple(d for d in THRESHOLD_DIMS if d != "heads")
+    def _growth(ds, reps: np.ndarray):
+        """The growth fits of the largest budget's N*₅₀/N_c in the heads, per learner × inputs
+        × dim × β (``reps``: its bootstrap replicates, shape (bootstrap, *GROWTH_AXES))."""
+        ratio = ds["threshold_ratio"].isel(budget=-1).transpose(*GROWTH_AXES).values
+        dims = tuple(d for d in GROWTH_AXES if d != "heads")
         shape = tuple(ds.sizes[d] for d in dims)
         names = ("power", "power_lower", "power_upper", "exponential", "exponential_lower")
         names += ("exponential_upper", "better_share")
@@ -302,50 +393,83 @@ class Phase(Study):
         return ds
 
     def summarize(self, ds) -> str:
-        """The success rate per point (N/N_c across), the thresholds with their intervals and
-        the growth fits."""
+        """The success rate per point (N/N_c across), the thresholds with their intervals
+        (computational per budget, converged, statistical; N_c) and the growth fits."""
         rate = ds["success"].mean("instance").to_series().unstack("ratio")
-        cols = ["threshold", "threshold_lower", "threshold_upper", "threshold_ratio"]
-        cols += ["threshold_ratio_lower", "threshold_ratio_upper"]
+        f3 = lambda v: f"{v:.3f}"  # noqa: E731
+        g3 = lambda v: f"{v:.3g}"  # noqa: E731
+
+        def columns(*names):
+            return [f"{n}{s}" for n in names for s in ("", "_lower", "_upper") if n in ds]
+
+        cols = columns("threshold", "threshold_ratio")
         table = ds[cols].to_dataframe()[cols]
-        growth = [str(v) for v in ds.data_vars if str(v).startswith("growth_")]
+        stat = columns("threshold_statistical", "threshold_statistical_ratio")
+        frame = ds[stat].assign(N_c=ds["critical_samples"]).to_dataframe()[[*stat, "N_c"]]
         lines = [
             f"success (rate over {ds.sizes['instance']} teachers; columns: N/N_c):",
-            rate.to_string(float_format=lambda v: f"{v:.3f}"),
+            rate.to_string(float_format=f3),
             "",
-            "threshold N*50 (samples) and N*50/N_c, 95% bootstrap intervals (NaN: not crossed "
-            "inside the grid):",
-            table.to_string(float_format=lambda v: f"{v:.3g}"),
+            "computational threshold N*50 (samples) and N*50/N_c per budget (the starts' "
+            "multiplier), 95% bootstrap intervals (NaN: not crossed inside the grid):",
+            table.to_string(float_format=g3),
         ]
-        if ds.sizes["heads"] >= 3:
-            frame = ds[growth].to_dataframe()[growth]
-            frame.columns = [c[len("growth_") :] for c in frame.columns]
+        if "budget_converged" in ds:
+            conv = [*columns("threshold_converged_ratio"), "budget_converged"]
             lines += [
                 "",
-                "growth of N*50/N_c in the heads m: log r = c + k·log m (power) and "
-                "log r = c + s·m (exponential):",
-                frame.to_string(float_format=lambda v: f"{v:.3g}"),
+                "converged N*50/N_c (the largest budget's, where the two largest budgets' "
+                "intervals overlap; budget_converged 0: they do not):",
+                ds[conv].to_dataframe()[conv].to_string(float_format=g3),
+            ]
+        lines += [
+            "",
+            "statistical threshold (where half the teachers are identified: no fit at the "
+            "largest budget explains the data away from the teacher) and N_c = 2·m·d/k:",
+            frame.to_string(float_format=g3),
+        ]
+        if "fit_seconds" in ds:
+            cost = ds["fit_seconds"].mean(["inputs", "dim", "ratio"]).to_series()
+            lines += [
+                "",
+                "wall seconds per teacher, fits up to each budget (mean over the N of the grid):",
+                cost.unstack("budget").to_string(float_format=lambda v: f"{v:.3g}"),
+            ]
+        if ds.sizes["heads"] >= 3:
+            growth = [str(v) for v in ds.data_vars if str(v).startswith("growth_")]
+            fits = ds[growth].to_dataframe()[growth]
+            fits.columns = [c[len("growth_") :] for c in fits.columns]
+            lines += [
+                "",
+                "growth of the largest budget's N*50/N_c in the heads m: log r = c + k·log m "
+                "(power) and log r = c + s·m (exponential):",
+                fits.to_string(float_format=g3),
             ]
         return "\n".join(lines)
 
     @staticmethod
     def figure(ds):
-        """Top row: the share of teachers recovered vs N/N_c with Wilson 95% bars, a panel per
-        head count (or per dim when the study has one head count and several dims), a curve per
-        learner × β, N*₅₀/N_c marked with its interval. Below, heatmaps of the shares recovered,
-        failed to optimise and non-identified over (N/N_c, heads or dim), a row per learner ×
-        β (the first inputs, and the first dim or head count), with a colour bar; at the bottom,
-        N*₅₀/N_c vs heads per inputs with its power-law and exponential fits when there are
-        several head counts, and vs dim when there are several dims."""
+        """Top row: the share of teachers recovered at the largest budget vs N/N_c with Wilson
+        95% bars, a panel per head count (or per dim when the study has one head count and
+        several dims), a curve per learner × β, N*₅₀/N_c marked with its interval, and the
+        share identified (dotted, grey). Below, heatmaps of the shares recovered, failed to
+        optimise and non-identified over (N/N_c, heads or dim) at the largest budget, a row per
+        learner × β (the first inputs, and the first dim or head count), with a colour bar;
+        then N*₅₀/N_c vs budget, a panel per learner, a curve per head count, the statistical
+        threshold as a band, when there are several budgets; at the bottom, N*₅₀/N_c vs heads
+        per inputs with its power-law and exponential fits when there are several head counts,
+        and vs dim when there are several dims."""
         config = plots.config_of(ds)
         along = "dim" if ds.sizes["heads"] == 1 and ds.sizes["dim"] > 1 else "heads"
         across = "heads" if along == "dim" else "dim"
-        one = ds.isel({"inputs": 0, across: 0})
+        top = ds.isel(budget=-1)
+        one = top.isel({"inputs": 0, across: 0})
         rows = list(itertools.product(one["learner"].values, one["beta"].values))
         by_heads = ds.sizes["heads"] > 1
         below = by_heads * ds.sizes["inputs"] + (ds.sizes["dim"] > 1)
-        cols = max(3, below, one.sizes[along])
-        fig, axes = plots.panels(1 + len(rows) + (below > 0), cols, width=4.0, height=2.8)
+        ladder = ds.sizes["budget"] > 1
+        cols = max(3, below, one.sizes[along], ladder * ds.sizes["learner"])
+        fig, axes = plots.panels(1 + len(rows) + ladder + (below > 0), cols, width=4.0, height=2.8)
         _curves(axes[0], one, rows, along)
         for ax in axes[0, one.sizes[along] :]:
             ax.remove()
@@ -356,32 +480,48 @@ class Phase(Study):
             fig.colorbar(mesh, ax=axes[i, 2], label="share of teachers", pad=0.02)
             for ax in axes[i, 3:]:
                 ax.remove()
+        if ladder:
+            row = axes[1 + len(rows)]
+            for ax, learner in zip(row, ds["learner"].values, strict=False):
+                _thresholds_vs_budget(ax, ds.sel(learner=learner).isel(inputs=0, dim=0, beta=0))
+            for ax in row[ds.sizes["learner"] :]:
+                ax.remove()
         if below:
-            last = axes[1 + len(rows)]
+            last = axes[1 + len(rows) + ladder]
             if by_heads:
                 for j, inputs in enumerate(ds["inputs"].values):
-                    _thresholds_vs_heads(last[j], ds.sel(inputs=inputs).isel(dim=0))
+                    _thresholds_vs_heads(last[j], top.sel(inputs=inputs).isel(dim=0))
             if ds.sizes["dim"] > 1:
-                _thresholds_vs_dim(last[below - 1], ds.isel(inputs=0))
+                _thresholds_vs_dim(last[below - 1], top.isel(inputs=0))
             for ax in last[below:]:
                 ax.remove()
         n = plots.instances(ds)
         widest = np.max(np.subtract(*stats.wilson(np.array([n // 2]), np.array([n]))[::-1]))
-        steps, stop = config.get("steps", Phase.steps), config.get("stop_loss", Phase.stop_loss)
-        learners = "; ".join(describe_learner(str(v), steps, stop) for v in ds["learner"].values)
+        study = Phase.from_config(config)
+        budget = study.budget
+        learners = "; ".join(
+            describe_learner(
+                str(v), study.steps, study.stop_loss, study.iterations, study.starts(str(v))
+            )
+            for v in ds["learner"].values
+        )
         caption = (
-            f"Top row and heatmaps: share (in %) of the {n} teachers per cell recovered "
+            f"Top row and heatmaps, at the largest budget ({budget[-1]:g}× each learner's "
+            f"default starts): share (in %) of the {n} teachers per cell recovered "
             "(every matched Θ_i "
             f"and W_i within relative error {config.get('success_tol', '?')}), failed with a "
             f"training loss above the teacher's by more than {config.get('fit_tol', '?')}·mean(Y²) "
             "(optimisation failure), or failed with the training data fitted (non-identified); "
+            "grey dotted: share of teachers identified (no fit of any learner at the largest "
+            "budget explains the training data away from the teacher); "
             "bars on the top row: Wilson 95% intervals (the widest at "
             f"{n} teachers is ±{widest / 2:.2f}). "
             "N_c = 2·heads·dim/tokens. Red triangles, horizontal bars at one half on the top "
             "row and "
-            "the bottom row: N*50/N_c, where the logistic "
+            "the lower rows: N*50/N_c, where the logistic "
             "fit (in log N) of the success share crosses one half, with 95% bootstrap intervals "
-            "over teachers (at least the two grid points around a jump from 0 to 1). Thin lines: "
+            "over teachers (at least the two grid points around a jump from 0 to 1); "
+            "grey bands: the statistical threshold's interval. Thin lines: "
             "least-squares fits of log(N*50/N_c) on log m (dashed: power law, rate k) and on m "
             "(dotted: exponential, rate s), 95% bootstrap intervals on the rates in the legend; "
             "'better': the smaller residual sum of squares (both have two parameters). A curve "
@@ -390,9 +530,32 @@ class Phase(Study):
         )
         title = (
             f"Phase diagram of teacher recovery (heatmaps: inputs {one['inputs'].item()}, "
-            f"{across} {one[across].item()}): " + plots.settings(ds, ("tokens", "label_noise"))
+            f"{across} {one[across].item()}): "
+            + plots.settings(ds, ("family", "tokens", "label_noise"))
         )
         return plots.finish(fig, title, caption)
+
+
+def _thresholds_vs_budget(ax, one) -> None:
+    """N*₅₀/N_c vs budget for one learner, a curve per head count, the statistical
+    threshold's interval as a band of the same colour."""
+    budget = np.asarray(one["budget"].values, float)
+    for i, m in enumerate(one["heads"].values):
+        c = one.sel(heads=m)
+        t = c["threshold_ratio"].values
+        if not np.isfinite(t).any():
+            continue  # not crossed inside the grid at any budget
+        lo, hi = c["threshold_ratio_lower"].values, c["threshold_ratio_upper"].values
+        at = budget * plots.shift(i, one.sizes["heads"], 0.03)
+        ax.errorbar(at, t, yerr=[t - lo, hi - t], capsize=3, label=f"m = {m}", **plots.style(i))
+        s_lo = float(c["threshold_statistical_ratio_lower"])
+        s_hi = float(c["threshold_statistical_ratio_upper"])
+        if np.isfinite(s_lo) and np.isfinite(s_hi):
+            ax.axhspan(s_lo, s_hi, color=f"C{i}", alpha=0.15, lw=0, label="_statistical")
+    ax.set_yscale("log")
+    plots.values_axis(ax, budget, "budget (× default starts)")
+    ax.set(ylabel="N*50 / N_c")
+    ax.set_title(f"{one['learner'].item()}: threshold vs budget (bands: statistical)")
 
 
 def _heatmaps(axes, cell, name: str, along: str = "heads"):
@@ -451,6 +614,11 @@ def _curves(axes, one, rows, along: str) -> None:
                 lo, hi = float(c["threshold_ratio_lower"]), float(c["threshold_ratio_upper"])
                 ax.errorbar(
                     t, 0.5, xerr=[[t - lo], [hi - t]], fmt="|", ms=12, color=f"C{i}", capsize=4
+                )
+            if learner == rows[0][0]:
+                known = c["identified"]
+                plots.rate(
+                    ax, known, "ratio", f"identified, β = {beta:g}", color="0.5", ls=":", marker="."
                 )
         plots.values_axis(ax, ratios, "N / N_c")
         ax.set(ylim=(-0.03, 1.03), ylabel="share recovered")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import jax
@@ -11,11 +12,52 @@ from mhalearn import plots
 from mhalearn._validate import choice
 from mhalearn.batch import Engine
 from mhalearn.experiments.base import Study, register_study, results_dataset
-from mhalearn.learners import LEARNERS, learner_label, make_learner
+from mhalearn.learners import LEARNERS, make_learner
+from mhalearn.learners.gd import GDConfig
+from mhalearn.learners.registry import describe
 from mhalearn.problems import RegressionProblem
-from mhalearn.simulate import simulate
+from mhalearn.restarts import default_starts, simulate_starts, single_start
 from mhalearn.tasks import RegressionTask
 from mhalearn.teachers import Family, TeacherSpec
+
+
+def with_iterations(config, iterations: int):
+    """``config`` with ``iterations`` Levenberg–Marquardt iterations per start: its own
+    ``iterations`` (variable projection), or its refinement's (the oracle); other learners
+    unchanged."""
+    if hasattr(config, "iterations"):
+        return dataclasses.replace(config, iterations=iterations)
+    if hasattr(config, "refine"):
+        return dataclasses.replace(config, refine=with_iterations(config.refine, iterations))
+    return config
+
+
+def budget_starts(config, budget: Sequence[float]) -> list[int]:
+    """The random starts at each budget: the multiplier times the learner's default starts
+    (:func:`~mhalearn.restarts.default_starts`: its ``restarts``, else one), rounded, at
+    least 1."""
+    return [max(1, round(b * default_starts(config))) for b in budget]
+
+
+def describe_learner(
+    name: str,
+    steps: int,
+    stop_loss: float | None = None,
+    iterations: int | None = None,
+    starts: Sequence[int] = (),
+) -> str:
+    """What learner ``name`` runs in a study: one start at ``steps`` (gradient learners,
+    stopping at ``stop_loss`` when given) and ``iterations`` (LM, when given), and the
+    ``starts`` of each budget."""
+    config = make_learner(name, steps)
+    if iterations is not None:
+        config = with_iterations(config, iterations)
+    label = f"{name}: {describe(name, single_start(config))}"
+    if isinstance(config, GDConfig) and stop_loss is not None:
+        label += f", stops at training loss ≤ {stop_loss:g}"
+    if starts:
+        label += f"; up to {'/'.join(map(str, starts))} starts (a new one only while none fits)"
+    return label
 
 
 def check_regression_learners(names: tuple[str, ...], steps: int) -> None:
@@ -36,7 +78,7 @@ class Recovery(Study):
     summary = "Chen–Li teachers recovered by each learner: learner × samples × heads"
     static_axes = ("learner", "samples", "heads")
     headline = "success"
-    positive = ("success_tol",)
+    positive = ("success_tol", "budget")
     precision = "float64"  # variable projection and the pipeline need it (NaN in float32)
     presets: ClassVar[dict[str, dict[str, Any]]] = {
         "tiny": dict(
@@ -97,7 +139,13 @@ class Recovery(Study):
     family: Family = "random"
     """Teacher family: random draws, or a stress family that breaks a non-degeneracy check."""
     steps: int = 500
-    """GD and Adam iterations (the other learners have their own budgets)."""
+    """GD and Adam iterations per start (the other learners have their own budgets)."""
+    iterations: int | None = None
+    """Levenberg–Marquardt iterations per start of variable projection (``varpro``, and the
+    oracle's refinement); unset (None): the learner's own (varpro: 20)."""
+    budget: float = 1.0
+    """Random starts, as a multiple of each learner's default (varpro: 2, the others: 1;
+    rounded, at least 1), run as rounds over the teachers no start has fitted yet."""
     success_tol: float = 1e-3
     """A teacher is recovered when every matched Θ_i and W_i is within this relative error."""
     instances: int = 8
@@ -126,9 +174,15 @@ class Recovery(Study):
             test_samples=256,
             success_tol=self.success_tol,
         )
-        learner = make_learner(cell["learner"], self.steps)
-        res = simulate(key, task, learner, self.instances, **engine.kwargs())
+        learner = self.learner_config(cell["learner"])
+        (starts,) = budget_starts(learner, (self.budget,))
+        (res,) = simulate_starts(key, task, learner, self.instances, starts, **engine.kwargs())
         return results_dataset(res, {}, self.instances)
+
+    def learner_config(self, name: str):
+        """The config of one start of learner ``name``: the study's steps and iterations."""
+        config = make_learner(name, self.steps)
+        return config if self.iterations is None else with_iterations(config, self.iterations)
 
     @staticmethod
     def figure(ds):
@@ -142,7 +196,7 @@ class Recovery(Study):
             cell = ds.sel(heads=h)
             for i, learner in enumerate(learners):
                 one = cell.sel(learner=learner)
-                label = learner_label(str(learner), config.get("steps", Recovery.steps))
+                label = _label(str(learner), config)
                 kw = {"label": label, "shift": plots.shift(i, len(learners)), **plots.style(i)}
                 plots.rate(axes[0, j], one["success"], "samples", **kw)
                 plots.band(axes[1, j], one["prediction_error"], "samples", **kw)
@@ -165,3 +219,12 @@ class Recovery(Study):
             ds, ("dim", "tokens", "beta", "family")
         )
         return plots.finish(fig, title, caption)
+
+
+def _label(name: str, config: dict[str, Any]) -> str:
+    """What learner ``name`` ran in the recovery study whose config (JSON) is ``config``."""
+    study = Recovery.from_config(config)
+    learner = study.learner_config(name)
+    return describe_learner(
+        name, study.steps, None, study.iterations, budget_starts(learner, (study.budget,))
+    )

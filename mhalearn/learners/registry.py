@@ -55,6 +55,12 @@ def make_learner(name: str, steps: int) -> Learner:
     return LEARNERS[name].make(steps)
 
 
+def describe(name: str, config: Learner) -> str:
+    """What ``config``, a config of learner ``name``, runs (its entry's ``describe``)."""
+    choice("learner", name, tuple(LEARNERS))
+    return LEARNERS[name].describe(config)
+
+
 def learner_label(name: str, steps: int) -> str:
     """``name: what it runs`` at a step budget of ``steps``."""
-    return f"{name}: {LEARNERS[name].describe(make_learner(name, steps))}"
+    return f"{name}: {describe(name, make_learner(name, steps))}"
