@@ -455,8 +455,9 @@ class Phase(Study):
         share identified (dotted, grey). Below, heatmaps of the shares recovered, failed to
         optimise and non-identified over (N/N_c, heads or dim) at the largest budget, a row per
         learner × β (the first inputs, and the first dim or head count), with a colour bar;
-        then N*₅₀/N_c vs budget, a panel per learner, a curve per head count, the statistical
-        threshold as a band, when there are several budgets; at the bottom, N*₅₀/N_c vs heads
+        then N*₅₀/N_c vs budget, a panel per learner, a curve per head count (in a colour
+        scale of their own), the statistical threshold as a band of its colour, when there are
+        several budgets; at the bottom, N*₅₀/N_c vs heads
         per inputs with its power-law and exponential fits when there are several head counts,
         and vs dim when there are several dims."""
         config = plots.config_of(ds)
@@ -521,7 +522,8 @@ class Phase(Study):
             "the lower rows: N*50/N_c, where the logistic "
             "fit (in log N) of the success share crosses one half, with 95% bootstrap intervals "
             "over teachers (at least the two grid points around a jump from 0 to 1); "
-            "grey bands: the statistical threshold's interval. Thin lines: "
+            "N*50/N_c vs budget: a curve per head count m, the band of its colour the "
+            "statistical threshold's 95% interval. Thin lines: "
             "least-squares fits of log(N*50/N_c) on log m (dashed: power law, rate k) and on m "
             "(dotted: exponential, rate s), 95% bootstrap intervals on the rates in the legend; "
             "'better': the smaller residual sum of squares (both have two parameters). A curve "
@@ -539,23 +541,30 @@ class Phase(Study):
 def _thresholds_vs_budget(ax, one) -> None:
     """N*₅₀/N_c vs budget for one learner, a curve per head count, the statistical
     threshold's interval as a band of the same colour."""
+    import matplotlib
+
     budget = np.asarray(one["budget"].values, float)
+    # the head counts in a colour scale of their own, apart from the learners' colours
+    scale = matplotlib.colormaps["plasma"]
+    count = one.sizes["heads"]
     for i, m in enumerate(one["heads"].values):
+        color = scale(0.85 * i / max(count - 1, 1))
         c = one.sel(heads=m)
         t = c["threshold_ratio"].values
         if not np.isfinite(t).any():
             continue  # not crossed inside the grid at any budget
         lo, hi = c["threshold_ratio_lower"].values, c["threshold_ratio_upper"].values
-        at = budget * plots.shift(i, one.sizes["heads"], 0.03)
-        ax.errorbar(at, t, yerr=[t - lo, hi - t], capsize=3, label=f"m = {m}", **plots.style(i))
+        at = budget * plots.shift(i, count, 0.03)
+        style = {**plots.style(i), "color": color}
+        ax.errorbar(at, t, yerr=[t - lo, hi - t], capsize=3, label=f"m = {m}", **style)
         s_lo = float(c["threshold_statistical_ratio_lower"])
         s_hi = float(c["threshold_statistical_ratio_upper"])
         if np.isfinite(s_lo) and np.isfinite(s_hi):
-            ax.axhspan(s_lo, s_hi, color=f"C{i}", alpha=0.15, lw=0, label="_statistical")
+            ax.axhspan(s_lo, s_hi, color=color, alpha=0.2, lw=0, label="_statistical")
     ax.set_yscale("log")
     plots.values_axis(ax, budget, "budget (× default starts)")
     ax.set(ylabel="N*50 / N_c")
-    ax.set_title(f"{one['learner'].item()}: threshold vs budget (bands: statistical)")
+    ax.set_title(f"{one['learner'].item()}: N*50/N_c vs budget", fontsize=10)
 
 
 def _heatmaps(axes, cell, name: str, along: str = "heads"):
