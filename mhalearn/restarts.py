@@ -134,6 +134,10 @@ def simulate_starts(
                 keep_params=keep_params,
                 **engine,
             )
+            # later rounds keep the first round's width: the same compiled program, where a
+            # width fitted to fewer instances would compile another
+            if engine.get("vector_width") is None:
+                engine = {**engine, "vector_width": res.attrs.get("vector_width")}
             for name in seconds:
                 seconds[name] += float(res.attrs.get(name, 0.0))
             ran[pending] += 1
