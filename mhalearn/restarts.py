@@ -97,10 +97,15 @@ def simulate_starts(
     instance, run as rounds over the instances no start has fitted yet.
 
     Args:
-        key, task, instances, key_ids, keep_params, engine: as for
-            :func:`~mhalearn.simulate.simulate`.
+        key: the root key (as for :func:`~mhalearn.simulate.simulate`).
+        task: what to draw and how to score it.
         learner: the learner of one start (its own ``restarts`` are set to 1).
+        instances: how many instances (≥ 1).
         starts: the budgets, in starts (increasing, each ≥ 1): the results after each.
+        key_ids: each instance's key index (default ``0 .. instances−1``).
+        keep_params: also return the fitted parameters.
+        **engine: the options of :class:`~mhalearn.batch.Engine`; later rounds keep the
+            first round's vector width.
 
     Returns:
         One :class:`~mhalearn.simulate.Results` per entry of ``starts``: each instance's kept
