@@ -127,8 +127,7 @@ def simulate_starts(
     for r in range(ladder[-1]):
         pending = np.arange(instances) if best is None else np.flatnonzero(~_fitted(best))
         if pending.size:
-            rows = pending
-            pick = jax.tree.map(lambda a, idx=rows: np.asarray(a)[idx], swept)
+            pick = jax.tree.map(lambda a, idx=pending: np.asarray(a)[idx], swept)
             spec = eqx.combine(pick, fixed)
             res = simulate(
                 key,

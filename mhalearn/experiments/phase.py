@@ -501,9 +501,7 @@ class Phase(Study):
         study = Phase.from_config(config)
         budget = study.budget
         learners = "; ".join(
-            describe_learner(
-                str(v), study.steps, study.stop_loss, study.iterations, study.starts(str(v))
-            )
+            describe_learner(str(v), study.learner_config(str(v)), study.starts(str(v)))
             for v in ds["learner"].values
         )
         caption = (

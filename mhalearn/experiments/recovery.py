@@ -39,22 +39,13 @@ def budget_starts(config, budget: Sequence[float]) -> list[int]:
     return [max(1, round(b * default_starts(config))) for b in budget]
 
 
-def describe_learner(
-    name: str,
-    steps: int,
-    stop_loss: float | None = None,
-    iterations: int | None = None,
-    starts: Sequence[int] = (),
-) -> str:
-    """What learner ``name`` runs in a study: one start at ``steps`` (gradient learners,
-    stopping at ``stop_loss`` when given) and ``iterations`` (LM, when given), and the
-    ``starts`` of each budget."""
-    config = make_learner(name, steps)
-    if iterations is not None:
-        config = with_iterations(config, iterations)
+def describe_learner(name: str, config, starts: Sequence[int] = ()) -> str:
+    """What learner ``name`` runs in a study with the config ``config`` of one start (a
+    gradient learner's stop at its ``tol`` when it stops early), and the ``starts`` of each
+    budget."""
     label = f"{name}: {describe(name, single_start(config))}"
-    if isinstance(config, GDConfig) and stop_loss is not None:
-        label += f", stops at training loss ≤ {stop_loss:g}"
+    if isinstance(config, GDConfig) and config.tol > 0:
+        label += f", stops at training loss ≤ {float(config.tol):g}"
     if starts:
         label += f"; up to {'/'.join(map(str, starts))} starts (a new one only while none fits)"
     return label
@@ -225,6 +216,4 @@ def _label(name: str, config: dict[str, Any]) -> str:
     """What learner ``name`` ran in the recovery study whose config (JSON) is ``config``."""
     study = Recovery.from_config(config)
     learner = study.learner_config(name)
-    return describe_learner(
-        name, study.steps, None, study.iterations, budget_starts(learner, (study.budget,))
-    )
+    return describe_learner(name, learner, budget_starts(learner, (study.budget,)))
