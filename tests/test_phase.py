@@ -116,6 +116,9 @@ def test_a_separated_curve_has_the_grid_points_around_its_jump_as_interval(tiny_
         (dict(budget=(2.0, 1.0)), "budget: expected increasing"),
         (dict(budget=(0.0, 1.0)), "budget"),
         (dict(iterations=0), "iterations"),
+        (dict(ladder=(4.0, 2.0)), "ladder: expected two increasing"),
+        (dict(ladder=(2.0,)), "ladder"),
+        (dict(ladder=(0.0, 2.0)), "ladder"),
         (dict(family="near_duplicate"), "needs heads >= 2"),
         (dict(family="two_tokens"), "needs tokens == 2"),
         (dict(family="hard"), "family"),
@@ -168,6 +171,32 @@ def test_budget_rungs_are_nested(tiny_results):
             np.testing.assert_array_equal(s[name].where(kept), g[name].where(kept), err_msg=name)
     varpro = large.sel(learner="varpro")
     assert (varpro["info_starts"] > 2).any()  # the ladder ran more starts somewhere
+
+
+def test_the_ladder_runs_the_larger_budgets_only_inside_its_window():
+    """With ``ladder`` set, a cell inside the window equals the same cell of the run without
+    one, bitwise; a cell outside keeps the first budget's fits at every budget (those of the
+    run without a window at the first budget), cost included."""
+    from mhalearn.experiments import run_study
+
+    small = dict(learner=("varpro",), ratio=(0.5, 2.0), budget=(1.0, 4.0), heads=(1,), dim=(3,))
+    small |= dict(beta=(4.0,), instances=6, bootstrap=10)
+    full = run_study(STUDIES["phase"](**small))
+    window = run_study(STUDIES["phase"](ladder=(1.0, 4.0), **small))
+    fits = ["success", "train_excess", "theta_error_max", "info_starts"]
+    inside, outside = dict(ratio=2.0), dict(ratio=0.5)
+    for name in fits:
+        np.testing.assert_array_equal(window[name].sel(inside), full[name].sel(inside))
+        for b in (1.0, 4.0):
+            np.testing.assert_array_equal(
+                window[name].sel(ratio=0.5, budget=b), full[name].sel(ratio=0.5, budget=1.0)
+            )
+    np.testing.assert_array_equal(
+        window["fit_seconds"].sel(ratio=0.5, budget=4.0),
+        window["fit_seconds"].sel(ratio=0.5, budget=1.0),
+    )
+    assert (window["info_starts"].sel(outside) <= 2).all()
+    assert (full["info_starts"].sel(ratio=0.5, budget=4.0) > 2).any()  # the window saved starts
 
 
 @pytest.mark.slow

@@ -47,12 +47,38 @@ from mhalearn.restarts import simulate_starts
 from mhalearn.tasks import RegressionTask
 from mhalearn.teachers import Family, TeacherSpec
 
-#: the default grid of N/N_c: ten values, log-spaced from 0.5 to 32
+#: the β × N diagram's grid of N/N_c: ten values, log-spaced from 0.5 to 32
 RATIOS = (0.5, 0.794, 1.26, 2.0, 3.17, 5.04, 8.0, 12.7, 20.2, 32.0)
+#: the heads diagram's grid of N/N_c: powers of √2 from 0.5 to 8, both thresholds inside
+HEADS_RATIOS = (0.5, 0.707, 1.0, 1.41, 2.0, 2.83, 4.0, 5.66, 8.0)
 
-#: the full variable-projection diagram (notebook 09; 33 min on 2 cores): 10 N × heads 1–3 ×
-#: β {1, 4, 16} × 1024 teachers, dim 8
+#: notebook 09's main diagram: the statistical and converged computational thresholds vs heads
+#: 1–6 (variable projection from random starts beside the oracle on the same 256 teachers per
+#: point, dim 8, β 4), budgets 1, 4, 16 × each learner's default starts, the larger two only at
+#: N/N_c in [1.8, 4.5], around the computational crossing
 FULL: dict[str, Any] = dict(
+    learner=("varpro", "oracle"),
+    ratio=HEADS_RATIOS,
+    heads=(1, 2, 3, 4, 5, 6),
+    dim=(8,),
+    inputs=("boolean",),
+    beta=(4.0,),
+    budget=(1.0, 4.0, 16.0),
+    ladder=(1.8, 4.5),
+    steps=3000,
+    instances=256,
+    bootstrap=1000,
+)
+#: the hard teacher families at the main diagram's size (near_duplicate and ill_conditioned
+#: from two heads, two_tokens at two tokens)
+FAMILIES: dict[str, dict[str, Any]] = {
+    "rank_one": dict(family="rank_one"),
+    "near_duplicate": dict(family="near_duplicate", heads=(2, 3, 4, 5, 6)),
+    "ill_conditioned": dict(family="ill_conditioned", heads=(2, 3, 4, 5, 6)),
+    "two_tokens": dict(family="two_tokens", tokens=2),
+}
+#: the β × N diagram at heads 1–3 (1024 teachers, one budget): the base of the variants below
+DIAGRAM: dict[str, Any] = dict(
     learner=("varpro",),
     ratio=RATIOS,
     heads=(1, 2, 3),
@@ -63,9 +89,9 @@ FULL: dict[str, Any] = dict(
     instances=1024,
     bootstrap=1000,
 )
-#: notebook 09's small size: the full diagram's learner and budgets on a small grid
+#: notebook 09's small size: its full size's learners and budget ladder on a small grid
 SMALL: dict[str, Any] = dict(
-    ratio=(0.5, 2.0, 8.0), heads=(1, 2), dim=(4,), beta=(1.0, 4.0), instances=8
+    ratio=(0.5, 2.0, 8.0), heads=(1, 2), dim=(4,), beta=(4.0,), budget=(1.0, 2.0), instances=8
 )
 
 #: the dimensions of every computational threshold variable (in this order)
@@ -106,7 +132,8 @@ class Phase(Study):
     The defaults are ``mhalearn run``'s main job, about a minute on 2 cores: variable
     projection from random starts beside the oracle (variable projection from the perturbed
     teacher) on the same 64 teachers per point, heads 1 and 2, dim 4, β 4, N/N_c from 0.5 to 8.
-    The full diagram of notebook 09 is the preset ``"full"`` (:data:`FULL`).
+    Notebook 09's main diagram, thresholds vs heads 1–6 at three budgets, is the preset ``"full"``
+    (:data:`FULL`), the hard families ``"full_<family>"`` (:data:`FAMILIES`).
     """
 
     name = "phase"
@@ -129,44 +156,49 @@ class Phase(Study):
         ),
         # notebook 09's sizes: small (CI) and full, each with its variants
         "small": {**FULL, **SMALL},
+        **{
+            f"small_{name}": {**FULL, **SMALL, **family, "heads": (2,), "instances": 4}
+            for name, family in FAMILIES.items()
+        },
         "small_learners": {
-            **FULL,
+            **DIAGRAM,
             **SMALL,
             "learner": ("adam", "chen_li"),
             "ratio": (2.0, 8.0),
-            "beta": (4.0,),
+            "budget": (1.0,),
             "steps": 300,
             "instances": 4,
         },
         "small_gaussian": {
-            **FULL,
+            **DIAGRAM,
             **SMALL,
             "inputs": ("gaussian",),
             "ratio": (2.0, 8.0),
-            "beta": (4.0,),
+            "budget": (1.0,),
             "instances": 4,
         },
         "small_dim": {
-            **FULL,
+            **DIAGRAM,
             **SMALL,
             "ratio": (2.0, 8.0),
             "heads": (2,),
             "dim": (3, 4),
-            "beta": (4.0,),
+            "budget": (1.0,),
             "instances": 4,
         },
         "full": FULL,
+        **{f"full_{name}": {**FULL, **family} for name, family in FAMILIES.items()},
         # the slower learners beside variable projection on the same teachers, heads 1–4 at β 4
         "full_learners": {
-            **FULL,
+            **DIAGRAM,
             "learner": ("varpro", "adam", "chen_li"),
             "heads": (1, 2, 3, 4),
             "beta": (4.0,),
             "instances": 128,
         },
-        "full_gaussian": {**FULL, "inputs": ("gaussian",)},
+        "full_gaussian": {**DIAGRAM, "inputs": ("gaussian",)},
         # the threshold vs dim at two heads
-        "full_dim": {**FULL, "dim": (4, 8, 16), "heads": (2,), "beta": (4.0,), "instances": 256},
+        "full_dim": {**DIAGRAM, "dim": (4, 8, 16), "heads": (2,), "beta": (4.0,), "instances": 256},
     }
 
     learner: tuple[str, ...] = ("varpro", "oracle")
@@ -194,6 +226,11 @@ class Phase(Study):
     the others: 1; rounded, at least 1), increasing: a dimension of the results. The starts
     are nested (the run at the largest budget gives every smaller one) and run as rounds over
     the teachers no start has fitted yet, so the cost follows the failures."""
+    ladder: tuple[float, ...] | None = None
+    """The N/N_c range (low, high) where the budgets above the first run; outside it every
+    budget keeps the first budget's fits (and cost). Unset: at every N. The larger budgets pay
+    only near the computational crossing: far below it no affordable budget fits the data,
+    far above it the first budget recovers nearly every teacher."""
     steps: int = 3000
     """Step budget per start of the gradient learners (adam, gd, ...)."""
     iterations: int | None = None
@@ -222,6 +259,12 @@ class Phase(Study):
             values = getattr(self, axis)
             if any(b <= a for a, b in itertools.pairwise(values)):
                 raise ValueError(f"{axis}: expected increasing values, received {values}")
+        if self.ladder is not None:
+            if len(self.ladder) != 2 or not 0 < self.ladder[0] < self.ladder[1]:
+                raise ValueError(
+                    f"ladder: expected two increasing positive N/N_c values (low, high), "
+                    f"received {self.ladder}"
+                )
         for inputs in self.inputs:
             choice("inputs", inputs, TOKEN_DISTRIBUTIONS)
         for h, d in itertools.product(self.heads, self.dim):  # shapes and β before any work
@@ -237,9 +280,15 @@ class Phase(Study):
             config = with_iterations(config, self.iterations)
         return config
 
-    def starts(self, name: str) -> list[int]:
-        """The random starts of learner ``name`` at each budget."""
-        return budget_starts(self.learner_config(name), self.budget)
+    def starts(self, name: str, ratio: float | None = None) -> list[int]:
+        """The random starts of learner ``name`` at each budget (at N/N_c ``ratio``: the first
+        budget's at every budget outside the ``ladder`` range)."""
+        starts = budget_starts(self.learner_config(name), self.budget)
+        if ratio is not None and self.ladder is not None:
+            low, high = self.ladder
+            if not low <= ratio <= high:
+                return starts[:1] * len(starts)
+        return starts
 
     def annotations(self) -> dict[str, dict[str, Any]]:
         return {
@@ -269,7 +318,7 @@ class Phase(Study):
             success_tol=self.success_tol,
         )
         learner = self.learner_config(cell["learner"])
-        starts = self.starts(cell["learner"])
+        starts = self.starts(cell["learner"], cell["ratio"])
         unique = sorted(set(starts))
         rungs = simulate_starts(
             key, task, learner, len(key_ids), unique, key_ids=key_ids, **engine.kwargs()
@@ -429,11 +478,16 @@ class Phase(Study):
             frame.to_string(float_format=g3),
         ]
         if "fit_seconds" in ds:
-            cost = ds["fit_seconds"].mean(["inputs", "dim", "ratio"]).to_series()
+            per_cell = ds["fit_seconds"] * ds.sizes["instance"] * ds.sizes["beta"]
+            cost = per_cell.mean(["inputs", "dim", "ratio"]).to_series().unstack("budget")
+            total = per_cell.sum([d for d in per_cell.dims if d != "budget"]).to_series()
             lines += [
                 "",
-                "wall seconds per teacher, fits up to each budget (mean over the N of the grid):",
-                cost.unstack("budget").to_string(float_format=lambda v: f"{v:.3g}"),
+                "wall seconds per cell (all its teachers and β), fits up to each budget, mean "
+                "over the N of the grid:",
+                cost.to_string(float_format=lambda v: f"{v:.3g}"),
+                "the whole grid: "
+                + ", ".join(f"budget {b:g}: {v:.0f} s" for b, v in total.items()),
             ]
         if ds.sizes["heads"] >= 3:
             growth = [str(v) for v in ds.data_vars if str(v).startswith("growth_")]
@@ -528,6 +582,12 @@ class Phase(Study):
             "that never crosses one half inside the grid is not drawn. "
             f"Learners: {learners.rstrip('.')}."
         )
+        if study.ladder is not None and len(budget) > 1:
+            low, high = study.ladder
+            caption += (
+                f" The budgets above the first ran only at N/N_c in [{low:g}, {high:g}]; "
+                "elsewhere every budget shows the first budget's fits."
+            )
         title = (
             f"Phase diagram of teacher recovery (heatmaps: inputs {one['inputs'].item()}, "
             f"{across} {one[across].item()}): "
