@@ -77,7 +77,7 @@ def logistic_crossing(x: np.ndarray, successes: np.ndarray, trials: np.ndarray) 
     NaN where the fit does not rise (b ≤ 0) or crosses outside [min x, max x] (the grid does
     not resolve it)."""
     a, b = logistic_fit(x, successes, trials)
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         x50 = np.where(b > 0, -a / b, np.nan)
     inside = (x50 >= np.min(x)) & (x50 <= np.max(x))
     return np.where(inside, x50, np.nan)
@@ -134,13 +134,19 @@ def percentile_interval(
     return np.where(bad, np.nan, lo), np.where(bad, np.nan, hi)
 
 
-def _line_fits(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Least-squares slopes and residual sums of squares of y (..., points) on x (points,);
-    NaN where fewer than three points of y are finite."""
+def _line_coefficients(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Least-squares slopes and intercepts of y (..., points) on x (points,)."""
+    return _line_fits(x, y)[::2]
+
+
+def _line_fits(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Least-squares slopes, residual sums of squares and intercepts of y (..., points) on x
+    (points,); NaN where fewer than three points of y are finite."""
     y = np.asarray(y, float)
     ok = np.isfinite(y)
     slope = np.full(y.shape[:-1], np.nan)
     ssr = np.full(y.shape[:-1], np.nan)
+    intercept = np.full(y.shape[:-1], np.nan)
     for idx in np.ndindex(y.shape[:-1]):
         keep = ok[idx]
         if keep.sum() < 3:
@@ -148,9 +154,9 @@ def _line_fits(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         xs, ys = x[keep], y[idx][keep]
         design = np.stack([np.ones_like(xs), xs], axis=-1)
         coef, *_ = np.linalg.lstsq(design, ys, rcond=None)
-        slope[idx] = coef[1]
+        intercept[idx], slope[idx] = coef
         ssr[idx] = np.sum((ys - design @ coef) ** 2)
-    return slope, ssr
+    return slope, ssr, intercept
 
 
 def line_slopes(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -181,6 +187,25 @@ def loglog_slope(
     ``values`` (points, instances), and its bootstrap percentile interval: each replicate
     resamples the instances, the same ones at every point (they share their random
     problems)."""
+    fit = power_law_fit(x, values, None, level, replicates, seed)
+    return fit["rate"], fit["rate_lower"], fit["rate_upper"]
+
+
+def power_law_fit(
+    x: np.ndarray,
+    values: np.ndarray,
+    target: float | None = None,
+    level: float = 0.95,
+    replicates: int = 2000,
+    seed: int = 0,
+) -> dict[str, float]:
+    """The power law median(values) ≈ c·x^rate, fitted by least squares of log(median) on
+    log x (medians over the instances of ``values`` (points, instances)), and where it
+    reaches ``target`` (``reach``: x = (target/c)^(1/rate); +inf where the rate is not
+    negative, so the fit never comes down to the target). Each with a bootstrap percentile
+    interval (NaN where more than the interval's tail of replicates is not finite): a
+    replicate resamples the instances, the same ones at every point (they share their random
+    problems). NaN with fewer than three finite medians."""
     values = np.asarray(values, float)
     idx = bootstrap_indices(values.shape[-1], replicates, seed)
     with warnings.catch_warnings():
@@ -188,8 +213,17 @@ def loglog_slope(
         log_mid = np.log(np.nanmedian(values, axis=-1))
         log_reps = np.log(np.nanmedian(values[:, idx], axis=-1)).T  # (replicates, points)
     log_x = np.log(np.asarray(x, float))
-    lo, hi = percentile_interval(line_slopes(log_x, log_reps), level)
-    return float(line_slopes(log_x, log_mid)), float(lo), float(hi)
+    both = np.concatenate([log_mid[None], log_reps])  # the point estimate, then the replicates
+    slope, intercept = _line_coefficients(log_x, both)
+    out = {"rate": float(slope[0])}
+    out["rate_lower"], out["rate_upper"] = map(float, percentile_interval(slope[1:], level))
+    if target is not None:
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            reach = np.where(slope < 0, np.exp((np.log(target) - intercept) / slope), np.inf)
+        reach = np.where(np.isnan(slope), np.nan, reach)
+        out["reach"] = float(reach[0])
+        out["reach_lower"], out["reach_upper"] = map(float, percentile_interval(reach[1:], level))
+    return out
 
 
 def growth_fits(
@@ -205,10 +239,10 @@ def growth_fits(
     m = np.asarray(heads, float)
     log_r = np.log(np.asarray(ratio, float))
     log_reps = np.log(np.asarray(replicates, float))
-    power, ssr_power = _line_fits(np.log(m), log_r)
-    expo, ssr_expo = _line_fits(m, log_r)
-    power_reps, ssr_power_reps = _line_fits(np.log(m), log_reps)
-    expo_reps, ssr_expo_reps = _line_fits(m, log_reps)
+    power, ssr_power, _ = _line_fits(np.log(m), log_r)
+    expo, ssr_expo, _ = _line_fits(m, log_r)
+    power_reps, ssr_power_reps, _ = _line_fits(np.log(m), log_reps)
+    expo_reps, ssr_expo_reps, _ = _line_fits(m, log_reps)
     power_lo, power_hi = percentile_interval(power_reps, level)
     expo_lo, expo_hi = percentile_interval(expo_reps, level)
     if np.isnan(ssr_power) or np.isnan(ssr_expo):

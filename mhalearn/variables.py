@@ -227,6 +227,26 @@ VARIABLES: dict[str, Meta] = {
         "1 when the certificate rejected a fit that recovers the teacher.",
         flag=True,
     ),
+    "parameter_error": Meta(
+        "parameter error ε",
+        "The larger of the largest relative errors of a matched Θ_i and of a matched W_i: "
+        "recovery within ε.",
+    ),
+    "error_rate": Meta(
+        "rate of ε in N",
+        "Slope of log(median parameter error ε over teachers) on log N, least squares over "
+        "the N of the grid.",
+    ),
+    "error_reach": Meta(
+        "N where the fitted ε reaches the success tolerance",
+        "Where the power law fitted to the median ε reaches ε = success_tol (inf: the fit "
+        "does not decrease).",
+    ),
+    "span_rate": Meta(
+        "rate of the span angle in N",
+        "Slope of log(median angle of the span estimate (phase 4) over teachers) on log N, "
+        "least squares over the N of the grid.",
+    ),
     "phase_seconds": Meta(
         "seconds per teacher",
         "Wall seconds per teacher of each phase of the pipeline, each phase compiled "
@@ -515,6 +535,7 @@ _MOVEMENT = re.compile(r"info_movement_(?P<field>\w+?)(?P<relative>_relative)?$"
 _ONSET = re.compile(r"onset_(?P<phase>\w+)$")
 _SPAN = re.compile(r"span_angle_(?P<method>\w+)$")
 _BOUND = re.compile(r"(?P<base>\w+)_(?P<side>lower|upper)$")
+_STATISTICAL_GROWTH = re.compile(r"growth_statistical_(?P<fit>\w+)$")
 
 
 def meta(name: str) -> Meta | None:
@@ -534,6 +555,17 @@ def meta(name: str) -> Meta | None:
             f"{base.long_name}, {bound['side']} 95% bound",
             f"The {bound['side']} end of the 95% interval of: {base.description}",
             base.units,
+        )
+    statistical = _STATISTICAL_GROWTH.match(name)
+    if statistical:
+        base = meta(f"growth_{statistical['fit']}")
+        if base is None:
+            return None
+        return Meta(
+            f"{base.long_name} (statistical threshold)",
+            f"{base.description} Of the statistical threshold N*50/N_c.",
+            base.units,
+            flag=base.flag,
         )
     onset = _ONSET.match(name)
     if onset:

@@ -291,3 +291,33 @@ def test_a_hard_family_draws_its_own_teachers():
     errors = [r["sum_w_error"].values for r in runs]
     assert not np.array_equal(*errors)
     assert runs[1].attrs["config"].count('"family": "rank_one"') == 1
+
+
+@pytest.mark.slow
+def test_the_statistical_thresholds_growth_is_fitted_like_the_computational_ones():
+    """Both thresholds' growth in m are least-squares lines through their own point
+    estimates (checked against numpy's polyfit), with the slope inside its interval."""
+    from mhalearn.experiments import run_study
+
+    study = STUDIES["phase"](
+        learner=("oracle",),
+        ratio=(0.5, 1.0, 2.0, 4.0),
+        heads=(1, 2, 3),
+        dim=(3,),
+        instances=8,
+        bootstrap=50,
+    )
+    ds = run_study(study).isel(learner=0, inputs=0, dim=0, beta=0)
+    m = np.log(ds["heads"].values)
+    for name, prefix in (
+        ("threshold_statistical_ratio", "growth_statistical"),
+        ("threshold_ratio", "growth"),
+    ):
+        r = ds[name].values if name.startswith("threshold_statistical") else ds[name].values[-1]
+        assert np.isfinite(r).all(), name
+        power = np.polyfit(m, np.log(r), 1)[0]
+        expo = np.polyfit(ds["heads"].values, np.log(r), 1)[0]
+        fit = ds[[v for v in ds.data_vars if str(v).startswith(prefix)]]
+        np.testing.assert_allclose(float(fit[f"{prefix}_power"]), power, rtol=1e-10)
+        np.testing.assert_allclose(float(fit[f"{prefix}_exponential"]), expo, rtol=1e-10)
+        assert float(fit[f"{prefix}_better_share"]) >= 0.5

@@ -124,6 +124,19 @@ def test_loglog_slope_recovers_a_power_law_and_brackets_it_under_noise():
     assert lo < -0.5 < hi and lo < slope < hi
 
 
+def test_power_law_fit_reaches_its_target_where_the_closed_form_says():
+    x = np.array([1e2, 1e3, 1e4, 1e5])
+    exact = np.repeat((3.0 * x**-0.5)[:, None], 8, axis=1)
+    fit = stats.power_law_fit(x, exact, target=1e-3)
+    # 3·N^(-1/2) = 1e-3 at N = (3e3)²
+    np.testing.assert_allclose([fit[k] for k in ("reach", "reach_lower", "reach_upper")], 9e6)
+    np.testing.assert_allclose(fit["rate"], -0.5)
+    flat = stats.power_law_fit(x, np.ones((4, 8)) * 0.06, target=1e-3)  # a plateau: never
+    assert abs(flat["rate"]) < 1e-12 and np.isinf(flat["reach"]) and np.isnan(flat["reach_lower"])
+    few = stats.power_law_fit(x[:2], exact[:2], target=1e-3)
+    assert np.isnan(few["rate"]) and np.isnan(few["reach"])
+
+
 def test_median_interval_is_the_median_and_a_bracket_of_it():
     rng = np.random.default_rng(1)
     values = rng.standard_normal((3, 400)) + np.array([[0.0], [1.0], [2.0]])

@@ -377,12 +377,15 @@ class Phase(Study):
                     ds[f"{name.replace('threshold', 'threshold_converged')}{suffix}"] = value
         away = (ds["failure_identification"].isel(budget=-1, drop=True) == 1).any("learner")
         ds["identified"] = (~away).astype(np.int8)
-        self._crossings(
+        statistical = self._crossings(
             ds, "identified", "identified_rate", "threshold_statistical", STATISTICAL_DIMS
         )
         largest = ds["threshold"].isel(budget=-1, drop=True)
         ds["threshold_gap"] = largest / ds["threshold_statistical"]
-        return self._growth(ds, reps[:, :, -1])
+        top = ds["threshold_ratio"].isel(budget=-1, drop=True)
+        ds = self._growth(ds, top, reps[:, :, -1], GROWTH_AXES, "growth")
+        ratio = ds["threshold_statistical_ratio"]
+        return self._growth(ds, ratio, statistical, STATISTICAL_DIMS, "growth_statistical")
 
     def _crossings(self, ds, flag: str, rate: str, threshold: str, dims: tuple[str, ...]):
         """Adds, over ``dims``, the rate of 0/1 variable ``flag`` per N (``rate`` with Wilson
@@ -420,25 +423,27 @@ class Phase(Study):
         return reps / n_c
 
     @staticmethod
-    def _growth(ds, reps: np.ndarray):
-        """The growth fits of the largest budget's N*₅₀/N_c in the heads, per learner × inputs
-        × dim × β (``reps``: its bootstrap replicates, shape (bootstrap, *GROWTH_AXES))."""
-        ratio = ds["threshold_ratio"].isel(budget=-1).transpose(*GROWTH_AXES).values
-        dims = tuple(d for d in GROWTH_AXES if d != "heads")
+    def _growth(ds, ratio, reps: np.ndarray, axes: tuple[str, ...], prefix: str):
+        """The growth fits of thresholds ``ratio`` (N*/N_c over ``axes``, heads among them) in
+        the heads, per point of the other axes, as ``{prefix}_power`` ... (``reps``: its
+        bootstrap replicates, shape (bootstrap, *axes))."""
+        ratio = ratio.transpose(*axes).values
+        h = axes.index("heads")
+        dims = tuple(d for d in axes if d != "heads")
         shape = tuple(ds.sizes[d] for d in dims)
         names = ("power", "power_lower", "power_upper", "exponential", "exponential_lower")
         names += ("exponential_upper", "better_share")
         out = {name: np.full(shape, np.nan) for name in (*names, "exponential_better")}
         m = ds["heads"].values
         for at in np.ndindex(shape):
-            pick = (*at[:3], slice(None), at[3])
+            pick = (*at[:h], slice(None), *at[h:])
             fits = stats.growth_fits(m, ratio[pick], reps[(slice(None), *pick)])
             for name in names:
                 out[name][at] = fits[name]
             if fits["better"]:
                 out["exponential_better"][at] = fits["better"] == "exponential"
         for name, values in out.items():
-            ds[f"growth_{name}"] = (dims, values)
+            ds[f"{prefix}_{name}"] = (dims, values)
         return ds
 
     def summarize(self, ds) -> str:
@@ -490,15 +495,22 @@ class Phase(Study):
                 + ", ".join(f"budget {b:g}: {v:.0f} s" for b, v in total.items()),
             ]
         if ds.sizes["heads"] >= 3:
-            growth = [str(v) for v in ds.data_vars if str(v).startswith("growth_")]
-            fits = ds[growth].to_dataframe()[growth]
-            fits.columns = [c[len("growth_") :] for c in fits.columns]
-            lines += [
-                "",
-                "growth of the largest budget's N*50/N_c in the heads m: log r = c + k·log m "
-                "(power) and log r = c + s·m (exponential):",
-                fits.to_string(float_format=g3),
-            ]
+            for prefix, what in (
+                ("growth_", "the largest budget's N*50/N_c"),
+                ("growth_statistical_", "the statistical N*50/N_c"),
+            ):
+                growth = [str(v) for v in ds.data_vars if str(v).startswith(prefix)]
+                if prefix == "growth_":
+                    growth = [g for g in growth if not g.startswith("growth_statistical_")]
+                fits = ds[growth].to_dataframe()[growth]
+                fits.columns = [c[len(prefix) :] for c in fits.columns]
+                lines += [
+                    "",
+                    f"growth of {what} in the heads m: log r = c + k·log m (power) and "
+                    "log r = c + s·m (exponential); better_share: the share of bootstrap "
+                    "replicates in which the better fit is better too (decided at ≥ 0.95):",
+                    fits.to_string(float_format=g3),
+                ]
         return "\n".join(lines)
 
     @staticmethod

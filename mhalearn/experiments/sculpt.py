@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 import xarray as xr
 
-from mhalearn import plots
+from mhalearn import plots, stats
 from mhalearn._validate import choice
 from mhalearn.batch import Engine
 from mhalearn.experiments.base import Study, product_grid, register_study, results_dataset
@@ -284,13 +284,32 @@ class Sculpt(Study):
     def derive(self, ds):
         """``onset_<phase>`` over (heads, beta): the smallest N from which the phase's
         criterion (:data:`ONSETS`) holds at every larger N of the grid (NaN: not by the
-        largest); ``onset_span_<method>`` likewise for every span method."""
+        largest); ``onset_span_<method>`` likewise for every span method. Per teacher the
+        pure mode's ``parameter_error`` ε (the larger of its largest matched Θ_i and W_i
+        errors), and over (heads, beta) the power laws of the medians in N
+        (:func:`mhalearn.stats.power_law_fit`, 95% bootstrap intervals over teachers):
+        ``error_rate`` of ε and ``error_reach``, the N where that fit reaches ε =
+        ``success_tol``; ``span_rate`` of the span estimate's angle (phase 4)."""
         samples = ds["samples"].values
         for name, criterion in ONSETS.items():
             if criterion.variable not in ds:  # a span method this Dataset predates
                 continue
             value = criterion.value(ds).values
             ds[f"onset_{name}"] = (("heads", "beta"), onset(value, samples, criterion.holds))
+        ds["parameter_error"] = np.maximum(ds["theta_error_max"], ds["w_error_max"])
+        fits = {
+            "error": ("parameter_error", self.success_tol),
+            "span": ("span_angle_estimate", None),
+        }
+        for prefix, (variable, target) in fits.items():
+            out: dict[str, np.ndarray] = {}
+            values = ds[variable].transpose("heads", "beta", "samples", "instance").values
+            for at in np.ndindex(values.shape[:2]):
+                fit = stats.power_law_fit(samples, values[at], target, seed=self.seed)
+                for key, v in fit.items():
+                    out.setdefault(key, np.full(values.shape[:2], np.nan))[at] = v
+            for key, v in out.items():
+                ds[f"{prefix}_{key}"] = (("heads", "beta"), v)
         return ds
 
     def summarize(self, ds) -> str:
@@ -302,6 +321,14 @@ class Sculpt(Study):
         angles = ds[[name for name in names if name in ds]]
         median = angles.median("instance").to_dataframe().to_string(float_format="{:.3f}".format)
         seconds = ds["phase_seconds"].to_series().unstack("phase").to_string()
+        rates = [
+            f"{p}_{k}{s}"
+            for p in ("error", "span")
+            for k in ("rate", "reach")
+            for s in ("", "_lower", "_upper")
+        ]
+        rates = [r for r in rates if r in ds]
+        power = ds[rates].to_dataframe()[rates].to_string(float_format=lambda v: f"{v:.3g}")
         return (
             "onset N of each phase (criteria: "
             f"{'; '.join(c.meaning for c in list(ONSETS.values())[:5])}; likewise per span "
@@ -310,7 +337,11 @@ class Sculpt(Study):
             f"pure-mode recovery, acceptance, false accepts and rejects (share of "
             f"{ds.sizes['instance']} teachers):\n{share}\n"
             f"median span angle (rad) of each method, and K's tilt at the heads:\n{median}\n"
-            f"seconds per teacher of each phase:\n{seconds}"
+            f"seconds per teacher of each phase:\n{seconds}\n"
+            f"power laws in N of the medians (95% bootstrap intervals over teachers): error: "
+            f"ε = max(largest Θ_i error, largest W_i error), reach: the N where the fit gives "
+            f"ε = {self.success_tol:g} (inf: never); span: the angle of the span estimate "
+            f"(phase 4):\n{power}"
         )
 
     @staticmethod

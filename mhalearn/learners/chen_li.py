@@ -930,7 +930,10 @@ def describe(config: ChenLiConfig) -> str:
         )
     if config.mode == "pure":
         return search + ", pure (no polish)"
-    return search + f", then a {config.polish.iterations}-it. VarPro polish"
+    return (
+        search + f", then a {config.polish.iterations}-it. VarPro polish on all of Θ (the "
+        "package's hybrid, not the paper's algorithm)"
+    )
 
 
 register_learner("chen_li", lambda steps: ChenLiConfig(), describe)
