@@ -321,3 +321,21 @@ def test_the_statistical_thresholds_growth_is_fitted_like_the_computational_ones
         np.testing.assert_allclose(float(fit[f"{prefix}_power"]), power, rtol=1e-10)
         np.testing.assert_allclose(float(fit[f"{prefix}_exponential"]), expo, rtol=1e-10)
         assert float(fit[f"{prefix}_better_share"]) >= 0.5
+
+
+@pytest.mark.slow
+def test_the_heads_figure_draws_a_column_per_family(tiny_results):
+    import matplotlib
+
+    from mhalearn.experiments.phase import heads_figure
+
+    matplotlib.use("Agg")
+    ds = load(tiny_results["phase"][1])
+    fig = heads_figure({"random": ds, "again": ds})
+    titles = [ax.get_title() for ax in fig.axes]
+    assert titles.count("random") == 1 and titles.count("again") == 1
+    top = next(ax for ax in fig.axes if ax.get_title() == "random")
+    labels = top.get_legend_handles_labels()[1]
+    budgets = [f"varpro, budget {b:g}" for b in ds["budget"].values]
+    assert all(any(label.startswith(b) for label in labels) for b in budgets)
+    assert any(label.startswith("statistical") for label in labels)

@@ -590,7 +590,8 @@ class Phase(Study):
             "statistical threshold's 95% interval. Thin lines: "
             "least-squares fits of log(N*50/N_c) on log m (dashed: power law, rate k) and on m "
             "(dotted: exponential, rate s), 95% bootstrap intervals on the rates in the legend; "
-            "'better': the smaller residual sum of squares (both have two parameters). A curve "
+            "'better': the smaller residual sum of squares (both have two parameters), with the "
+            "share of bootstrap replicates agreeing ('undecided' below 0.95). A curve "
             "that never crosses one half inside the grid is not drawn. "
             f"Learners: {learners.rstrip('.')}."
         )
@@ -707,7 +708,6 @@ def _curves(axes, one, rows, along: str) -> None:
 def _thresholds_vs_heads(ax, one) -> None:
     """N*₅₀/N_c vs heads, a curve per learner × β, with each curve's two growth fits."""
     m = one["heads"].values.astype(float)
-    grid = np.linspace(m.min(), m.max(), 50)
     curves = list(itertools.product(one["learner"].values, one["beta"].values))
     for i, (learner, beta) in enumerate(curves):
         c = one.sel(learner=learner, beta=beta)
@@ -715,30 +715,8 @@ def _thresholds_vs_heads(ax, one) -> None:
         if not np.isfinite(t).any():
             continue  # no threshold inside the grid at any head count
         lo, hi = c["threshold_ratio_lower"].values, c["threshold_ratio_upper"].values
-        label = f"{learner}, β = {beta:g}"
-        k, s = c["growth_power"].item(), c["growth_exponential"].item()
-        if np.isfinite(k) and np.isfinite(s):
-            g = {name: c[f"growth_{name}"].item() for name in ("power_lower", "power_upper")}
-            g |= {name: c[f"growth_{name}"].item() for name in ("exponential_lower",)}
-            g["exponential_upper"] = c["growth_exponential_upper"].item()
-            better = "exponential" if c["growth_exponential_better"].item() == 1 else "power"
-            label += (
-                f": k = {k:.2f} [{g['power_lower']:.2f}, {g['power_upper']:.2f}], s = {s:.2f} "
-                f"[{g['exponential_lower']:.2f}, {g['exponential_upper']:.2f}], better: {better}"
-            )
-            ok = np.isfinite(t)
-            power = np.polyfit(np.log(m[ok]), np.log(t[ok]), 1)
-            expo = np.polyfit(m[ok], np.log(t[ok]), 1)
-            color = plots.style(i)["color"]
-            ax.plot(
-                grid,
-                np.exp(np.polyval(power, np.log(grid))),
-                "--",
-                color=color,
-                lw=0.8,
-                label="_power",
-            )
-            ax.plot(grid, np.exp(np.polyval(expo, grid)), ":", color=color, lw=0.8, label="_exp")
+        label = f"{learner}, β = {beta:g}" + _growth_label(c, "growth")
+        _growth_lines(ax, m, t, plots.style(i)["color"])
         at = m + 0.04 * (i - (len(curves) - 1) / 2)
         ax.errorbar(at, t, yerr=[t - lo, hi - t], capsize=3, label=label, **plots.style(i))
     ax.set_yscale("log")
@@ -769,3 +747,107 @@ def _thresholds_vs_dim(ax, one) -> None:
     ax.set(ylabel="N*50 / N_c")
     plots.values_axis(ax, d, "token dimension d")
     ax.set_title(f"thresholds vs dim: inputs {one['inputs'].item()}")
+
+
+def heads_figure(runs: dict[str, Any], learner: str = "varpro"):
+    """The thresholds against the heads m, a column per run (a teacher family): on top the
+    statistical N*₅₀/N_c (black) with its power-law and exponential fits, and ``learner``'s
+    N*₅₀/N_c at each budget (a colour per budget, filled where the two largest budgets agree);
+    below, ``learner``'s wall seconds per teacher at each budget (mean over the N of the
+    grid). ``runs``: derived Phase Datasets by name (their first inputs, dim and β)."""
+    import matplotlib
+
+    fig, axes = plots.panels(2, len(runs), width=4.0, height=3.2)
+    scale = matplotlib.colormaps["plasma"]
+    for j, (name, ds) in enumerate(runs.items()):
+        one = ds.isel(inputs=0, dim=0, beta=0)
+        m = one["heads"].values.astype(float)
+        top, cost = axes[0, j], axes[1, j]
+        stat = one["threshold_statistical_ratio"].values
+        lo = one["threshold_statistical_ratio_lower"].values
+        hi = one["threshold_statistical_ratio_upper"].values
+        label = "statistical" + _growth_label(one, "growth_statistical")
+        top.errorbar(
+            m, stat, yerr=[stat - lo, hi - stat], fmt="s-", color="k", capsize=3, label=label
+        )
+        _growth_lines(top, m, stat, "k")
+        c = one.sel(learner=learner)
+        budgets = c["budget"].values
+        for b_i, b in enumerate(budgets):
+            color = scale(0.85 * b_i / max(len(budgets) - 1, 1))
+            t = c["threshold_ratio"].sel(budget=b).values
+            t_lo = c["threshold_ratio_lower"].sel(budget=b).values
+            t_hi = c["threshold_ratio_upper"].sel(budget=b).values
+            at = m + 0.06 * (b_i + 1)
+            label = f"{learner}, budget {b:g}"
+            if b_i == len(budgets) - 1:
+                label += _growth_label(c, "growth")
+            top.errorbar(
+                at,
+                t,
+                yerr=[t - t_lo, t_hi - t],
+                fmt="o-",
+                color=color,
+                capsize=3,
+                mfc="none",
+                label=label,
+            )
+            if b_i == len(budgets) - 1 and "budget_converged" in c:
+                done = c["budget_converged"].values == 1
+                top.plot(at[done], t[done], "o", color=color, label="converged (filled)")
+                _growth_lines(top, m, t, color)
+            seconds = c["fit_seconds"].sel(budget=b).mean("ratio").values
+            cost.plot(m, seconds, "o-", color=color, label=f"budget {b:g}")
+        top.axhline(1.0, color="0.5", lw=0.8, ls="--", label="N_c (counting limit)")
+        top.set(yscale="log", xlabel="heads m", ylabel="N*50 / N_c", title=name)
+        cost.set(yscale="log", xlabel="heads m", ylabel=f"{learner}: wall s per teacher")
+        for ax in (top, cost):
+            ax.set_xticks(m, [f"{v:g}" for v in m])
+    ds = next(iter(runs.values()))
+    n = plots.instances(ds)
+    caption = (
+        f"{n} teachers per point. Top: N*50/N_c where the share identified (black squares: no "
+        "fit of any learner at the largest budget explains the training data away from the "
+        f"teacher) or the share {learner} recovers (circles, a colour per budget: multiples of "
+        "its default random starts) crosses one half, by a logistic fit in log N, with 95% "
+        "bootstrap intervals over teachers; filled: the largest budget's threshold where it "
+        "agrees with the next largest (their intervals overlap). Thin lines: least-squares "
+        "fits of log(N*50/N_c) on log m (dashed, power law, rate k) and on m (dotted, "
+        "exponential, rate s); in the legend, the rates with 95% bootstrap intervals and the "
+        "better fit with the share of replicates agreeing ('undecided' below 0.95). Grey "
+        "dashed: N_c = 2·m·d/k. Bottom: wall seconds per teacher of the fits up to each budget "
+        "(mean over the N of the grid; 2-core CPU, float64)."
+    )
+    title = "Statistical and computational thresholds vs heads: " + plots.settings(
+        ds, ("dim", "tokens", "beta")
+    )
+    return plots.finish(fig, title, caption)
+
+
+def _growth_label(one, prefix: str) -> str:
+    """The legend's growth rates of one curve: k and s with their intervals, the better fit."""
+    k = float(one[f"{prefix}_power"])
+    if not np.isfinite(k):
+        return ""
+    g = {n: float(one[f"{prefix}_{n}"]) for n in ("power_lower", "power_upper", "exponential")}
+    g |= {n: float(one[f"{prefix}_{n}"]) for n in ("exponential_lower", "exponential_upper")}
+    share = float(one[f"{prefix}_better_share"])
+    better = "exponential" if float(one[f"{prefix}_exponential_better"]) == 1 else "power"
+    verdict = f"{better} ({share:.2f})" if share >= 0.95 else f"undecided ({better} {share:.2f})"
+    return (
+        f"\nk = {k:.2f} [{g['power_lower']:.2f}, {g['power_upper']:.2f}], s = "
+        f"{g['exponential']:.2f} [{g['exponential_lower']:.2f}, {g['exponential_upper']:.2f}]"
+        f", better: {verdict}"
+    )
+
+
+def _growth_lines(ax, m: np.ndarray, r: np.ndarray, color) -> None:
+    """The power-law (dashed) and exponential (dotted) least-squares fits of log r."""
+    ok = np.isfinite(r)
+    if ok.sum() < 3:
+        return
+    grid = np.linspace(m.min(), m.max(), 50)
+    power = np.polyfit(np.log(m[ok]), np.log(r[ok]), 1)
+    expo = np.polyfit(m[ok], np.log(r[ok]), 1)
+    ax.plot(grid, np.exp(np.polyval(power, np.log(grid))), "--", color=color, lw=0.8)
+    ax.plot(grid, np.exp(np.polyval(expo, grid)), ":", color=color, lw=0.8)

@@ -181,6 +181,11 @@ class Sculpt(Study):
             timing_instances=1,
         ),
         "full": dict(),
+        # the pure mode's ε(N) at one head beyond the full grid (notebook 03 joins it to the
+        # full store's N ≤ 10⁵ at β 4: the same teachers)
+        "full_large": dict(
+            samples=(300_000, 1_000_000), heads=(1,), beta=(4.0,), timing_instances=2
+        ),
     }
 
     samples: tuple[int, ...] = (300, 1000, 3000, 10_000, 30_000, 100_000)
