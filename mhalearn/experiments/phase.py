@@ -160,10 +160,11 @@ class Phase(Study):
             f"small_{name}": {**FULL, **SMALL, **family, "heads": (2,), "instances": 4}
             for name, family in FAMILIES.items()
         },
+        "small_beta": {**DIAGRAM, **SMALL, "beta": (1.0, 4.0), "budget": (1.0,)},
         "small_learners": {
             **DIAGRAM,
             **SMALL,
-            "learner": ("adam", "chen_li"),
+            "learner": ("adam", "chen_li", "chen_li_pure"),
             "ratio": (2.0, 8.0),
             "budget": (1.0,),
             "steps": 300,
@@ -188,10 +189,12 @@ class Phase(Study):
         },
         "full": FULL,
         **{f"full_{name}": {**FULL, **family} for name, family in FAMILIES.items()},
-        # the slower learners beside variable projection on the same teachers, heads 1–4 at β 4
+        "full_beta": DIAGRAM,
+        # the slower learners beside variable projection on the same teachers, heads 1–4 at β 4:
+        # the pipeline in its hybrid (polished) mode and in its pure mode
         "full_learners": {
             **DIAGRAM,
-            "learner": ("varpro", "adam", "chen_li"),
+            "learner": ("varpro", "adam", "chen_li", "chen_li_pure"),
             "heads": (1, 2, 3, 4),
             "beta": (4.0,),
             "instances": 128,
