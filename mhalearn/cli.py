@@ -283,8 +283,10 @@ def list_studies(_: List) -> None:
         default = " (default)" if name == DEFAULT else ""
         print(f"{name}{default}: {entry['summary']}")
         for f in entry["fields"]:
-            value = tuple(f["default"]) if f["many"] else f["default"]
-            print(f"    --{f['name'].replace('_', '-')} {_show(value)}")
+            value = f["default"]
+            value = tuple(value) if f["many"] and value is not None else value
+            shown = "(unset)" if value is None else _show(value)
+            print(f"    --{f['name'].replace('_', '-')} {shown}")
             print(f"        {f['help']}")
     from mhalearn.learners import LEARNERS, learner_label
 
