@@ -134,6 +134,24 @@ def values_axis(ax, values: Sequence[float], label: str) -> None:
     ax.set_xlabel(label)
 
 
+#: the ticks a log axis of ratios writes out (those inside its limits)
+RATIO_TICKS = (0.5, 0.75, 1, 1.5, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+
+
+def ratio_axis(ax) -> None:
+    """A log y axis of ratios near 1 (N*/N_c ...) with plain tick labels (1.5, 2, 3), where
+    matplotlib would write 3×10⁰ or none at all."""
+    from matplotlib.ticker import FormatStrFormatter, NullFormatter
+
+    ax.set_yscale("log")
+    low, high = ax.get_ylim()
+    inside = [v for v in RATIO_TICKS if low <= v <= high]
+    if len(inside) >= 2:
+        ax.set_yticks(inside)
+        ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
+        ax.yaxis.set_minor_formatter(NullFormatter())
+
+
 def config_of(ds) -> dict[str, Any]:
     try:
         return json.loads(ds.attrs.get("config", "{}"))

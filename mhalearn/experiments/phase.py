@@ -635,9 +635,9 @@ def _thresholds_vs_budget(ax, one) -> None:
         s_hi = float(c["threshold_statistical_ratio_upper"])
         if np.isfinite(s_lo) and np.isfinite(s_hi):
             ax.axhspan(s_lo, s_hi, color=color, alpha=0.2, lw=0, label="_statistical")
-    ax.set_yscale("log")
     plots.values_axis(ax, budget, "budget (× default starts)")
     ax.set(ylabel="N*50 / N_c")
+    plots.ratio_axis(ax)
     ax.set_title(f"{one['learner'].item()}: N*50/N_c vs budget", fontsize=10)
 
 
@@ -722,9 +722,9 @@ def _thresholds_vs_heads(ax, one) -> None:
         _growth_lines(ax, m, t, plots.style(i)["color"])
         at = m + 0.04 * (i - (len(curves) - 1) / 2)
         ax.errorbar(at, t, yerr=[t - lo, hi - t], capsize=3, label=label, **plots.style(i))
-    ax.set_yscale("log")
     ax.set_xticks(m, [f"{v:g}" for v in m])
     ax.set(xlabel="heads m", ylabel="N*50 / N_c", xlim=(m.min() - 0.4, m.max() + 0.4))
+    plots.ratio_axis(ax)
     ax.set_title(f"thresholds vs heads: inputs {one['inputs'].item()}, dim {one['dim'].item()}")
 
 
@@ -746,9 +746,9 @@ def _thresholds_vs_dim(ax, one) -> None:
             label=f"{learner}, β = {beta:g}, m = {h}",
             **plots.style(i),
         )
-    ax.set_yscale("log")
     ax.set(ylabel="N*50 / N_c")
     plots.values_axis(ax, d, "token dimension d")
+    plots.ratio_axis(ax)
     ax.set_title(f"thresholds vs dim: inputs {one['inputs'].item()}")
 
 
@@ -800,9 +800,10 @@ def heads_figure(runs: dict[str, Any], learner: str = "varpro"):
                 top.plot(at[done], t[done], "o", color=color, label="converged (filled)")
                 _growth_lines(top, m, t, color)
             seconds = c["fit_seconds"].sel(budget=b).mean("ratio").values
-            cost.plot(m, seconds, "o-", color=color, label=f"budget {b:g}")
+            cost.plot(m, seconds, "o-", color=color, label="_same colours as above")
         top.axhline(1.0, color="0.5", lw=0.8, ls="--", label="N_c (counting limit)")
-        top.set(yscale="log", xlabel="heads m", ylabel="N*50 / N_c", title=name)
+        top.set(xlabel="heads m", ylabel="N*50 / N_c", title=name)
+        plots.ratio_axis(top)
         cost.set(yscale="log", xlabel="heads m", ylabel=f"{learner}: wall s per teacher")
         for ax in (top, cost):
             ax.set_xticks(m, [f"{v:g}" for v in m])
