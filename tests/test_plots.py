@@ -100,3 +100,22 @@ def test_max_margin_curves_that_coincide_stay_apart():
     lines = [line for line in fig.axes[0].get_lines() if len(line.get_xdata()) == 3]
     assert len({tuple(line.get_xdata()) for line in lines}) == 2
     assert {line.get_markerfacecolor() == "none" for line in lines} == {True, False}
+
+
+def test_a_ratio_axis_writes_plain_ticks_inside_its_limits():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from mhalearn import plots
+
+    fig, ax = plt.subplots()
+    ax.plot([1, 2], [1.2, 3.5])
+    plots.ratio_axis(ax)
+    fig.canvas.draw()
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    low, high = ax.get_ylim()
+    assert labels == [f"{v:g}" for v in plots.RATIO_TICKS if low <= v <= high]
+    assert "1.5" in labels and "3" in labels and ax.get_yscale() == "log"
+    plt.close(fig)
