@@ -77,7 +77,7 @@ def logistic_crossing(x: np.ndarray, successes: np.ndarray, trials: np.ndarray) 
     NaN where the fit does not rise (b ≤ 0) or crosses outside [min x, max x] (the grid does
     not resolve it)."""
     a, b = logistic_fit(x, successes, trials)
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore"):
         x50 = np.where(b > 0, -a / b, np.nan)
     inside = (x50 >= np.min(x)) & (x50 <= np.max(x))
     return np.where(inside, x50, np.nan)
