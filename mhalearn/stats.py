@@ -134,11 +134,6 @@ def percentile_interval(
     return np.where(bad, np.nan, lo), np.where(bad, np.nan, hi)
 
 
-def _line_coefficients(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Least-squares slopes and intercepts of y (..., points) on x (points,)."""
-    return _line_fits(x, y)[::2]
-
-
 def _line_fits(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Least-squares slopes, residual sums of squares and intercepts of y (..., points) on x
     (points,); NaN where fewer than three points of y are finite."""
@@ -214,7 +209,7 @@ def power_law_fit(
         log_reps = np.log(np.nanmedian(values[:, idx], axis=-1)).T  # (replicates, points)
     log_x = np.log(np.asarray(x, float))
     both = np.concatenate([log_mid[None], log_reps])  # the point estimate, then the replicates
-    slope, intercept = _line_coefficients(log_x, both)
+    slope, _, intercept = _line_fits(log_x, both)
     out = {"rate": float(slope[0])}
     out["rate_lower"], out["rate_upper"] = map(float, percentile_interval(slope[1:], level))
     if target is not None:
