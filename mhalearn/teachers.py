@@ -212,10 +212,32 @@ class TeacherInfo(eqx.Module):
     """False when ``max_attempts`` draws all failed the checks (the last one is returned)."""
 
 
+#: draws made side by side before the loop, by platform (elsewhere: 4). On a CPU the loop alone
+#: draws only what each instance needs; on an accelerator, under ``vmap``, a loop runs the
+#: slowest instance's draws for every instance and reports to the host after each, so there
+#: the first draws are made at once and the loop runs only for the rare instance that needs more
+CANDIDATES: dict[str, int] = {"cpu": 1}
+
+
+def default_candidates() -> int:
+    """The draws made side by side on the default backend (:data:`CANDIDATES`)."""
+    return CANDIDATES.get(jax.default_backend(), 4)
+
+
 def sample_teacher_with_info(
-    key: PRNGKeyArray, spec: TeacherSpec
+    key: PRNGKeyArray, spec: TeacherSpec, candidates: int | None = None
 ) -> tuple[LayerParams, TeacherInfo]:
-    """Like :func:`sample_teacher`, also saying how many draws it took and whether it succeeded."""
+    """Like :func:`sample_teacher`, also saying how many draws it took and whether it succeeded.
+
+    ``candidates`` draws (``None``: :func:`default_candidates`) are made side by side and the
+    first accepted is kept; an instance none of them passes goes on drawing one at a time. The
+    teacher and its count of draws do not depend on ``candidates``: draw j is always the one
+    from ``fold_in(key, j)``, and the first that passes is returned.
+    """
+    candidates = positive_int(
+        "candidates", default_candidates() if candidates is None else candidates
+    )
+    candidates = min(candidates, spec.max_attempts)
 
     def draw(attempt):
         params = draw_teacher(jax.random.fold_in(key, attempt), spec)
@@ -230,13 +252,20 @@ def sample_teacher_with_info(
         params, ok = draw(attempt)
         return attempt + 1, params, ok
 
-    # one copy of the draw in the program, inside the loop (a first draw before it would be a
-    # second copy to compile)
-    shapes = jax.eval_shape(draw, 0)[0]
-    none = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
-    attempts, params, ok = jax.lax.while_loop(
-        not_done, step, (jnp.asarray(0), none, jnp.asarray(False))
-    )
+    if candidates == 1:
+        # one copy of the draw in the program, inside the loop (a first draw before it would
+        # be a second copy to compile)
+        shapes = jax.eval_shape(draw, 0)[0]
+        none = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+        start = (jnp.asarray(0), none, jnp.asarray(False))
+    else:
+        drawn, passed = jax.vmap(draw)(jnp.arange(candidates))
+        ok = jnp.any(passed)
+        # the first that passes; where none does, the last (what the loop returns if it ends)
+        first = jnp.where(ok, jnp.argmax(passed), candidates - 1)
+        chosen = jax.tree.map(lambda leaf: leaf[first], drawn)
+        start = (jnp.where(ok, first + 1, candidates), chosen, ok)
+    attempts, params, ok = jax.lax.while_loop(not_done, step, start)
     return params, TeacherInfo(attempts=attempts, accepted=ok)
 
 

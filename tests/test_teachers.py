@@ -97,6 +97,43 @@ def test_checks_do_reject_and_resample():
     assert not info.accepted and info.attempts == 5
 
 
+@pytest.mark.parametrize(
+    "family, demanding",
+    [
+        ("random", dict(min_sigma_ratio=0.8)),
+        pytest.param("near_duplicate", dict(min_sigma_ratio=0.8), marks=pytest.mark.slow),
+        pytest.param("ill_conditioned", dict(min_theta_sv=0.8), marks=pytest.mark.slow),
+        pytest.param("rank_one", dict(min_sigma_ratio=0.8), marks=pytest.mark.slow),
+    ],
+)
+def test_side_by_side_draws_give_the_loops_teachers(family, demanding):
+    # the accelerator form (candidates drawn at once, the first accepted kept, the loop only
+    # for an instance none of them passes) against the CPU form (one draw at a time): the same
+    # draws accepted, and the same teachers to rounding (XLA may fuse a family's sums over
+    # heads differently when the draws are batched). A demanding threshold (of a check the
+    # family enforces) makes some instances need more draws than the candidates, so the
+    # fallback loop runs too.
+    spec = mh.TeacherSpec(heads=3, dim=5, tokens=4, family=family, **demanding)
+    keys = jax.random.split(KEY, 64)
+
+    def draw(candidates):
+        return jax.jit(
+            jax.vmap(lambda k: mh.sample_teacher_with_info(k, spec, candidates=candidates))
+        )(keys)
+
+    (loop, loop_info), (wide, wide_info) = draw(1), draw(3)
+    assert np.max(loop_info.attempts) > 3 and np.min(loop_info.attempts) == 1
+    np.testing.assert_array_equal(wide_info.attempts, loop_info.attempts)
+    np.testing.assert_array_equal(wide_info.accepted, loop_info.accepted)
+    chex.assert_trees_all_close(wide, loop, rtol=1e-13, atol=1e-13)
+    # a spec no draw passes: every form returns the last draw, flagged, after max_attempts
+    impossible = mh.TeacherSpec(heads=2, dim=4, tokens=4, min_sigma_ratio=4.0, max_attempts=5)
+    last = [mh.sample_teacher_with_info(KEY, impossible, candidates=c) for c in (1, 2, 5, 9)]
+    for teacher, info in last:
+        assert not info.accepted and info.attempts == 5
+        chex.assert_trees_all_equal(teacher, last[0][0])
+
+
 def test_draw_scales():
     spec = mh.TeacherSpec(heads=2, dim=8, tokens=4, beta=3.0, w_scale=2.0)
     draws = jax.vmap(lambda k: mh.draw_teacher(k, spec))(jax.random.split(KEY, 400))
