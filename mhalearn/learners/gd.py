@@ -54,7 +54,9 @@ class GDConfig(eqx.Module):
     ``batch_size=None`` is full batch; otherwise each step draws ``batch_size`` samples without
     replacement. ``snapshots`` log-spaced steps (0 and ``steps`` included) are traced, or
     every ``log_every`` steps when it is set, or the steps ``trace_at`` (with 0 and ``steps``)
-    when they are given.
+    when they are given. ``check_every``: the steps between two tests of whether any instance
+    of a batch still runs (the steps themselves run in fixed-length scans, stopped instances
+    masked).
     """
 
     optimizer: OptimizerName | Callable[..., optax.GradientTransformation] = eqx.field(
@@ -69,6 +71,7 @@ class GDConfig(eqx.Module):
     )
     normalize: Literal["joint", "field"] = eqx.field(static=True, default="joint")
     trainable: tuple[str, ...] | None = eqx.field(static=True, default=None)
+    check_every: int = eqx.field(static=True, default=16)
     lr: float | Array = 1e-2
     momentum: float | Array = 0.9
     tol: float | Array = 0.0
@@ -80,6 +83,7 @@ class GDConfig(eqx.Module):
             choice("optimizer", self.optimizer, OPTIMIZERS)
         positive_int("steps", self.steps)
         positive_int("snapshots", self.snapshots)
+        positive_int("check_every", self.check_every)
         choice("normalize", self.normalize, ("joint", "field"))
         if self.batch_size is not None:
             positive_int("batch_size", self.batch_size)
@@ -228,17 +232,37 @@ def _snapshot(monitor, params, status: Status, loss: Float[Array, ""]) -> dict:
 
 def _interval(problem, config: GDConfig, opt, k_batch, monitor, carry: _Carry, n):
     """``n`` steps, and the snapshot at their start: its full training loss is the one the
-    first full-batch step computes, so no separate forward pass is spent on it."""
+    first full-batch step computes, so no separate forward pass is spent on it.
 
-    def body(state):
-        i, carry, first = state
-        carry, loss = _step(problem, config, opt, k_batch, carry)
-        return i + 1, carry, jnp.where(i == 0, loss, first)
+    The steps run in blocks of ``config.check_every`` (a ``scan`` of fixed length: a step past
+    the ``n``-th is skipped, one of an instance that has stopped changes nothing), and whether
+    any instance still runs is tested between blocks only: an accelerator reports to the host
+    once per block, not once per step."""
+
+    def one(state, _):
+        i, taken, carry, first = state
+
+        def advance(state):
+            taken, carry, first = state
+            new, loss = _step(problem, config, opt, k_batch, carry)
+            go = _running(carry.status)
+            first = jnp.where(go & (taken == 0), loss, first)
+            return taken + go, _select(go, new, carry), first
+
+        # i counts the block's steps alike for every instance: past n the step is skipped,
+        # also under vmap
+        state = jax.lax.cond(i < n, advance, lambda state: state, (taken, carry, first))
+        return (i + 1, *state), None
+
+    def block(state):
+        return jax.lax.scan(one, state, None, config.check_every)[0]
+
+    def more(state):
+        i, _, carry, _ = state
+        return (i < n) & _running(carry.status)
 
     first = jnp.full((), jnp.nan, carry.loss_sum.dtype)
-    taken, after, first = jax.lax.while_loop(
-        lambda state: (state[0] < n) & _running(state[1].status), body, (0, carry, first)
-    )
+    _, taken, after, first = jax.lax.while_loop(more, block, (0, 0, carry, first))
     if config.batch_size is None:
         loss = jax.lax.cond(taken > 0, lambda: first, lambda: problem.loss(carry.params))
     else:  # a step saw a minibatch; the trace holds the full training loss

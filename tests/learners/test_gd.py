@@ -313,3 +313,41 @@ def test_frozen_fields_keep_their_start_and_the_rest_trains_as_alone(optimizer):
     np.testing.assert_allclose(fit.params.W, W, rtol=1e-9, atol=1e-9)
     with pytest.raises(ValueError, match=r"trainable must name parameter fields of \['U', 'W'\]"):
         mh.GDConfig(steps=2, trainable=("V",)).fit(KEY, problem)
+
+
+@pytest.mark.parametrize("batch_size", [None, 16])
+def test_the_early_stop_test_between_blocks_changes_nothing(batch_size):
+    # one batch where instances converge (tol), diverge (a huge lr) and run out the budget, at
+    # snapshot intervals shorter and longer than the block: testing whether any instance
+    # runs after every step (check_every=1, the loop of a step at a time) or only between
+    # blocks of 7 or 16 steps gives the same fits, bit for bit
+    lrs = np.array([1.0, 1e6, 1e-3, 3e-2])
+    tol = np.array([1e-2, 0.0, 0.0, 0.0])
+    fits = {
+        every: mh.simulate(
+            jax.random.key(5),
+            EASY,
+            mh.GDConfig(
+                optimizer="gd" if batch_size is None else "adam",
+                steps=90,
+                snapshots=9,
+                lr=lrs if batch_size is None else lrs * 1e-1,
+                tol=tol,
+                batch_size=batch_size,
+                check_every=every,
+            ),
+            4,
+            keep_params=True,
+        )
+        for every in (1, 7, 16)
+    }
+    base = fits[1]
+    if batch_size is None:
+        assert list(base.status["diverged"]) == [False, True, False, False]
+        assert base.status["converged"][0] and 0 < base.status["steps_taken"][0] < 90
+    for every in (7, 16):
+        for field in ("diverged", "diverged_at", "converged", "steps_taken"):
+            np.testing.assert_array_equal(fits[every].status[field], base.status[field])
+        np.testing.assert_array_equal(fits[every].trace["loss"], base.trace["loss"])
+        np.testing.assert_array_equal(fits[every].params.theta, base.params.theta)
+        np.testing.assert_array_equal(fits[every].params.W, base.params.W)
