@@ -13,7 +13,7 @@ import pytest
 from jax import export
 
 import mhalearn as mh
-from mhalearn import solvers
+from mhalearn import solvers, teachers
 from mhalearn.simulate import _fit_and_score, instance_keys
 
 SHAPES = [(256, 4), (4, 256), (9, 4), (4, 9), (40, 40), (40, 1)]
@@ -186,12 +186,65 @@ WORKLOADS = {
 
 
 @pytest.mark.parametrize("name", list(WORKLOADS))
-def test_workload_gpu_programs_make_no_per_matrix_solver_call(name):
+def test_workload_gpu_programs_make_no_per_matrix_solver_call(name, monkeypatch):
     """An instance of simulate (draw with its rejection loop and checks, fit, score), vmapped
     over 1024 instances as the engine's group program on a GPU, lowered for CUDA: every
     solver call takes the batch at once."""
+    # as on an accelerator: the first draws of a teacher made side by side
+    monkeypatch.setitem(teachers.CANDIDATES, jax.default_backend(), 4)
     task, learner = WORKLOADS[name]
     spec = {"task": task, "learner": learner}
     keys = jax.ShapeDtypeStruct((1024,), jax.random.key(0).dtype)
     fn = jax.vmap(lambda k: _fit_and_score(instance_keys(k), spec))
     assert per_matrix_calls(fn, keys) == []
+
+
+def _subjaxprs(eqn):
+    """The jaxprs inside one equation (loop bodies, branches, nested calls)."""
+    for value in eqn.params.values():
+        for v in value if isinstance(value, tuple | list) else (value,):
+            if isinstance(v, jax.extend.core.ClosedJaxpr):
+                yield v.jaxpr
+            elif isinstance(v, jax.extend.core.Jaxpr):
+                yield v
+
+
+def per_step_while_loops(fn, *args) -> list[str]:
+    """The while loops of ``fn``'s program whose body runs no fixed-length scan: a loop that
+    asks the host whether to go on after every step of work, rather than once per block."""
+    found = []
+
+    def walk(jaxpr):
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name == "while":
+                body = eqn.params["body_jaxpr"].jaxpr
+                blocks = [e for e in body.eqns if e.primitive.name == "scan"]
+                if not any(e.params["length"] > 1 for e in blocks):
+                    found.append(f"while with body of {len(body.eqns)} equations")
+            for sub in _subjaxprs(eqn):
+                walk(sub)
+
+    walk(jax.make_jaxpr(fn)(*args).jaxpr)
+    return found
+
+
+@pytest.mark.parametrize("optimizer, batch_size", [("gd", None), ("adam", 16)])
+def test_gd_fits_test_for_stopping_once_per_block_not_per_step(optimizer, batch_size):
+    task = mh.RegressionTask(teacher=mh.TeacherSpec(heads=2, dim=4, tokens=3), samples=64)
+    config = mh.GDConfig(optimizer=optimizer, steps=50, tol=1e-6, batch_size=batch_size)
+    keys = jax.random.split(jax.random.key(0), 8)
+    problems = jax.vmap(lambda k: task.sample(k)[1])(keys)
+    fit = jax.vmap(lambda k, p: config.fit(k, p))
+    assert per_step_while_loops(fit, keys, problems) == []
+
+    # the check can fail: a step loop of the plain kind is seen
+    def stepwise(key, problem):
+        def body(state):
+            t, params = state
+            _, grads = problem.loss_and_grad(params)
+            return t + 1, jax.tree.map(lambda p, g: p - 0.1 * g, params, grads)
+
+        start = config.start(key, problem)
+        return jax.lax.while_loop(lambda s: s[0] < 50, body, (0, start))[1]
+
+    assert len(per_step_while_loops(jax.vmap(stepwise), keys, problems)) == 1

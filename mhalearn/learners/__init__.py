@@ -6,7 +6,7 @@ at the top level of ``mhalearn``)."""
 from mhalearn.learners.base import Fit, Learner, Monitor, Status, Trace, fit_from_history
 from mhalearn.learners.baselines import AlternatingConfig, OracleConfig, UniformConfig
 from mhalearn.learners.chen_li import ChenLiConfig
-from mhalearn.learners.gd import GDConfig
+from mhalearn.learners.gd import GDConfig, StepCost, step_cost
 from mhalearn.learners.registry import LEARNERS, learner_label, make_learner, register_learner
 from mhalearn.learners.varpro import VarProConfig
 
@@ -20,6 +20,7 @@ __all__ = [
     "Monitor",
     "OracleConfig",
     "Status",
+    "StepCost",
     "Trace",
     "UniformConfig",
     "VarProConfig",
@@ -27,4 +28,5 @@ __all__ = [
     "learner_label",
     "make_learner",
     "register_learner",
+    "step_cost",
 ]

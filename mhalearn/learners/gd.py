@@ -270,16 +270,30 @@ def _interval(problem, config: GDConfig, opt, k_batch, monitor, carry: _Carry, n
     return after, _snapshot(monitor, carry.params, carry.status, loss)
 
 
+def _begin(key: PRNGKeyArray, problem, config: GDConfig, opt) -> tuple[object, _Carry]:
+    """The problem as the steps read it (full batch: in the layout for them, prepared once)
+    and the state before the first step."""
+    start = start_point(problem, _split(key)[0])
+    if config.batch_size is None:
+        problem = prepared(problem)
+    status = Status(
+        diverged=jnp.asarray(False),
+        diverged_at=jnp.asarray(-1),
+        converged=jnp.asarray(False),
+        steps_taken=jnp.asarray(0),
+    )
+    dtype = jax.tree.leaves(start)[0].dtype
+    return problem, _Carry(start, opt.init(start), status, jnp.asarray(0), jnp.zeros((), dtype))
+
+
 def _fit(key: PRNGKeyArray, problem, config: GDConfig, monitor: Monitor | None) -> Fit:
     if config.batch_size is not None and config.batch_size > problem.samples:
         raise ValueError(
             f"batch_size must be <= samples ({problem.samples}), received {config.batch_size}"
         )
-    k_init, k_batch = _split(key)
     opt = make_optimizer(config)
-    start = start_point(problem, k_init)
-    if config.batch_size is None:  # full-batch steps: the problem's layout for them, once
-        problem = prepared(problem)
+    problem, carry = _begin(key, problem, config, opt)
+    start = carry.params
     if config.trainable is not None:
         fields = {_field_of(path) for path, _ in jax.tree_util.tree_leaves_with_path(start)}
         unknown = sorted(set(config.trainable) - fields)
@@ -289,14 +303,7 @@ def _fit(key: PRNGKeyArray, problem, config: GDConfig, monitor: Monitor | None) 
             )
     snap_steps = config.snapshot_steps()
     lengths = np.diff(snap_steps, prepend=0)
-    dtype = jax.tree.leaves(start)[0].dtype
-    status = Status(
-        diverged=jnp.asarray(False),
-        diverged_at=jnp.asarray(-1),
-        converged=jnp.asarray(False),
-        steps_taken=jnp.asarray(0),
-    )
-    carry = _Carry(start, opt.init(start), status, jnp.asarray(0), jnp.zeros((), dtype))
+    k_batch = _split(key)[1]
     carry, records = jax.lax.scan(
         lambda c, n: _interval(problem, config, opt, k_batch, monitor, c, n),
         carry,
@@ -325,3 +332,33 @@ for _name, _lr in (("gd", 0.3), ("momentum", 0.1), ("adam", 1e-2), ("normalized_
         lambda steps, name=_name, lr=_lr: GDConfig(optimizer=name, steps=steps, lr=lr, snapshots=8),
         _describe,
     )
+
+
+class StepCost(eqx.Module):
+    """What one step costs one instance, from XLA's cost analysis of the compiled program."""
+
+    flops: float
+    """Floating-point operations per instance-step."""
+    bytes: float
+    """Bytes read and written per instance-step (after XLA's fusions)."""
+
+    @property
+    def intensity(self) -> float:
+        """FLOPs per byte: below the device's ratio of compute to bandwidth, the step is
+        memory-bound."""
+        return self.flops / self.bytes
+
+
+def step_cost(config: GDConfig, keys: PRNGKeyArray, problems) -> StepCost:
+    """The cost of one of ``config``'s steps (loss, gradient, update) per instance, read from
+    the cost analysis of the step's program vmapped over ``problems`` (a batch, one per key)
+    and compiled for the default device. ``keys`` are the fits' keys."""
+    opt = make_optimizer(config)
+    prepared_problems, carries = jax.vmap(lambda k, p: _begin(k, p, config, opt))(keys, problems)
+    step = jax.vmap(lambda key, problem, carry: _step(problem, config, opt, key, carry))
+    batch_keys = jax.vmap(lambda k: _split(k)[1])(keys)
+    compiled = jax.jit(step).lower(batch_keys, prepared_problems, carries).compile()
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    size = len(keys)
+    return StepCost(flops=cost["flops"] / size, bytes=cost["bytes accessed"] / size)

@@ -351,3 +351,25 @@ def test_the_early_stop_test_between_blocks_changes_nothing(batch_size):
         np.testing.assert_array_equal(fits[every].trace["loss"], base.trace["loss"])
         np.testing.assert_array_equal(fits[every].params.theta, base.params.theta)
         np.testing.assert_array_equal(fits[every].params.W, base.params.W)
+
+
+@pytest.mark.parametrize("heads, dim, tokens, samples", [(4, 16, 8, 512), (3, 5, 7, 33)])
+def test_step_cost_counts_the_layers_products(heads, dim, tokens, samples):
+    # XLA's count of a full-batch GD step against the products written out (per sample and
+    # head, forward: XΘ 2Td², (XΘ)Xᵀ 2T²d, AX 2T²d, (AX)W 2Td²; the backward pass about twice
+    # that), per instance whatever the batch; and the bytes it moves say the unfused step is
+    # memory-bound on a GPU (an H100's float32 rate over its bandwidth is about 20 FLOP/byte)
+    task = mh.RegressionTask(
+        teacher=mh.TeacherSpec(heads=heads, dim=dim, tokens=tokens), samples=samples
+    )
+    config = mh.GDConfig(optimizer="gd", steps=4, lr=0.05)
+    costs = []
+    for batch in (4, 12):
+        keys = jax.random.split(KEY, batch)
+        problems = jax.vmap(lambda k: task.sample(k)[1])(keys)
+        costs.append(mh.learners.step_cost(config, keys, problems))
+    forward = heads * samples * (4 * tokens * dim**2 + 4 * tokens**2 * dim)
+    for cost in costs:
+        assert 2.0 * forward < cost.flops < 3.5 * forward
+        assert 0 < cost.intensity < 20
+    np.testing.assert_allclose(costs[0].flops, costs[1].flops, rtol=0.02)
