@@ -33,6 +33,36 @@ def gd_workload(heads: int, dim: int, tokens: int, samples: int, steps: int):
     return task, mh.GDConfig(optimizer="gd", steps=steps, lr=LR, snapshots=2)
 
 
+#: the teachers' data drawn for engine_fit_seconds, per (task, learner, instances)
+_PROBLEMS: dict = {}
+
+
+def engine_fit_seconds(task, learner, instances: int, **engine) -> tuple[float, float]:
+    """(compile seconds, run seconds) of the engine's fit alone: ``mh.map_instances`` (the
+    engine simulate runs on: its devices, vector width and compiled-program cache; ``engine``
+    its options, e.g. ``devices``, ``chunk_size``) of ``learner.fit`` over teachers and data
+    drawn beforehand and not timed (drawing and scoring are what simulate adds)."""
+    import jax
+
+    import mhalearn as mh
+
+    ident = (task, learner, instances)
+    if ident not in _PROBLEMS:
+        keys = jax.random.split(jax.random.key(1), instances)
+        drawn = jax.jit(jax.vmap(lambda k: task.sample(k)[1]))(keys)
+        _PROBLEMS[ident] = jax.tree.map(np.asarray, drawn)
+
+    def fit(key, problem, learner):
+        out = learner.fit(key, problem)
+        return out.params, out.status
+
+    stats: dict = {}
+    mh.map_instances(
+        fit, jax.random.key(0), instances, _PROBLEMS[ident], learner, stats=stats, **engine
+    )
+    return stats["compile_seconds"], stats["run_seconds"]
+
+
 def layer_flops_per_step(heads: int, dim: int, tokens: int, samples: int) -> float:
     """FLOPs of one full-batch loss-and-gradient step of the Chen–Li layer on one instance.
 

@@ -19,6 +19,8 @@ B 1024). Implementations:
   (``engine_devices`` 1). Every implementation runs on the same cores; the split leaves the
   others' speed unchanged (``--impls jax_naive`` with ``--cpu-devices 1`` and then ``2``
   measured 379 and 367 instance-steps/s, one run each);
+- ``mhalearn_fit``: the engine's fit alone, ``mh.map_instances`` of ``GDConfig.fit`` on the
+  same devices over teachers and data drawn beforehand: the same work as the baselines do;
 - ``jax_naive``: ``jit(vmap(scan(step)))`` of an einsum formulation of the loss, ``jax.grad``;
 - ``torch_loop``: PyTorch, one instance after another, autograd and an in-place update;
 - ``torch_vmap``: ``torch.func.vmap(torch.func.grad(loss))`` over the instances, per step;
@@ -27,7 +29,9 @@ B 1024). Implementations:
 
 PyTorch is optional (``pip install -e ".[bench]"``); its rows are skipped with a message when it
 is absent. Prints instance-steps/s, GFLOP/s (3× forward FLOPs per step), the ratio of mhalearn
-to every baseline and the percentage of the ceiling; compilation is timed apart (steady state
+(end to end, and the fit alone) to every baseline and the percentage of the ceiling in the
+precision each implementation's products run in (``precision``: "highest" is true float32,
+"default" is JAX's default, TensorFloat-32 on NVIDIA GPUs); compilation is timed apart (steady state
 excludes it). Every implementation runs three times (mhalearn's later calls reuse its
 compiled program, as a study's next cells do) and its steady state is the fastest run: the
 first run of a compiled program pays one-time costs, a large share of mhalearn's 0.07 s run
@@ -55,6 +59,7 @@ from _common import (
     STANDARD,
     append_rows,
     ceiling_gflops,
+    engine_fit_seconds,
     gd_workload,
     layer_flops_per_step,
     machine,
@@ -62,6 +67,7 @@ from _common import (
 )
 
 import mhalearn as mh
+from mhalearn.batch import MATMUL_PRECISION
 
 SHAPES = [
     dict(STANDARD, instances=256),
@@ -107,6 +113,13 @@ def run_mhalearn(
         vector_width=width,
     )
     return res.attrs["compile_seconds"], res.attrs["run_seconds"]
+
+
+def run_mhalearn_fit(shape: dict, steps: int, data, devices: int | None = None):
+    """The engine's fit alone (:func:`_common.engine_fit_seconds`): the same work as the
+    baselines do."""
+    task, learner = gd_workload(**{k: shape[k] for k in STANDARD}, steps=steps)
+    return engine_fit_seconds(task, learner, shape["instances"], devices=devices)
 
 
 def naive_loss(params, X, Y):
@@ -184,9 +197,21 @@ def run_torch_vmap(shape: dict, steps: int, data):
 
 IMPLS = {
     "mhalearn": run_mhalearn,
+    "mhalearn_fit": run_mhalearn_fit,
     "jax_naive": run_jax_naive,
     "torch_loop": run_torch_loop,
     "torch_vmap": run_torch_vmap,
+}
+#: the precision each implementation's float32 products run in: the engine's programs at
+#: MATMUL_PRECISION ("highest": true float32), jax_naive at JAX's default (TensorFloat-32 on
+#: NVIDIA GPUs since Ampere), PyTorch's float32 products in float32 (allow_tf32 is off by
+#: default); each row's share of the ceiling is of the ceiling in that precision
+PRECISION = {
+    "mhalearn": MATMUL_PRECISION,
+    "mhalearn_fit": MATMUL_PRECISION,
+    "jax_naive": "default",
+    "torch_loop": "highest",
+    "torch_vmap": "highest",
 }
 
 
@@ -200,7 +225,10 @@ def memory_rows() -> list[dict]:
 
 
 def summary(rows: list[dict], shapes: list[dict], devices: int) -> None:
-    print("\nmhalearn vs each baseline (ratio of instance-steps/s):")
+    print(
+        "\nmhalearn vs each baseline (ratio of instance-steps/s): end to end (mhalearn: draw, "
+        f"fit and score) and the fit alone (mhalearn_fit), each on {devices} device(s)"
+    )
     for shape in shapes:
         same = {  # the engine on every device; its 1-device row is for reference
             r["impl"]: r
@@ -208,15 +236,19 @@ def summary(rows: list[dict], shapes: list[dict], devices: int) -> None:
             if all(r[k] == v for k, v in shape.items())
             and not (r["impl"] == "mhalearn" and r["engine_devices"] != devices)
         }
-        if "mhalearn" not in same:
-            continue
-        ours = same["mhalearn"]["inst_steps_per_s"]
-        ratios = ", ".join(
-            f"{impl} {ours / r['inst_steps_per_s']:.2f}×"
-            for impl, r in same.items()
-            if impl not in ("mhalearn", "ceiling")
-        )
-        print(f"  {shape}: {ratios}; {same['mhalearn']['pct_of_ceiling']:.0f}% of the ceiling")
+        for ours in ("mhalearn", "mhalearn_fit"):
+            if ours not in same:
+                continue
+            rate = same[ours]["inst_steps_per_s"]
+            ratios = ", ".join(
+                f"{impl} {rate / r['inst_steps_per_s']:.2f}×"
+                for impl, r in same.items()
+                if impl not in ("mhalearn", "mhalearn_fit", "ceiling")
+            )
+            print(
+                f"  {ours:>12} {shape}: {ratios}; "
+                f"{same[ours]['pct_of_ceiling']:.0f}% of the {same[ours]['precision']} ceiling"
+            )
 
 
 def main() -> None:
@@ -259,14 +291,18 @@ def main() -> None:
     if not have_torch:
         print("PyTorch not installed: torch rows skipped (pip install -e '.[bench]')")
     devices = len(jax.devices())
-    ceiling = ceiling_gflops()
     platform = jax.devices()[0].platform
+    ceiling = ceiling_gflops()
+    # on a CPU JAX's default precision is float32 too: one ceiling
+    ceilings = {
+        "highest": ceiling,
+        "default": ceiling_gflops(precision="default") if platform == "gpu" else ceiling,
+    }
     print(
         f"ceiling: {ceiling:.0f} GFLOP/s (float32 matmul at precision 'highest', "
         f"{2048 if platform == 'cpu' else 8192}², jax {jax.__version__})"
         + (
-            f"; at JAX's default precision (TensorFloat-32): "
-            f"{ceiling_gflops(precision='default'):.0f} GFLOP/s"
+            f"; at JAX's default precision (TensorFloat-32): {ceilings['default']:.0f} GFLOP/s"
             if platform == "gpu"
             else ""
         )
@@ -274,8 +310,9 @@ def main() -> None:
     print(f"devices: {devices} × {jax.devices()[0].device_kind} (CPU split {cpu_devices})")
     options = {} if args.xla_defaults else None  # {}: XLA's defaults; None: the engine's
     engine = functools.partial(run_mhalearn, options=options, width=args.width)
+    ours = {"mhalearn": engine, "mhalearn_fit": run_mhalearn_fit}
     runs = [
-        (impl, engine if impl == "mhalearn" else IMPLS[impl], devices if impl == "mhalearn" else 1)
+        (impl, ours.get(impl, IMPLS[impl]), devices if impl in ours else 1)
         for impl in args.impls
         if have_torch or not impl.startswith("torch")
     ]
@@ -296,7 +333,8 @@ def main() -> None:
                     **shape,
                     "inst_steps_per_s": rate,
                     "gflops": gflops,
-                    "pct_of_ceiling": 100 * gflops / ceiling,
+                    "precision": PRECISION[impl],
+                    "pct_of_ceiling": 100 * gflops / ceilings[PRECISION[impl]],
                     "engine_devices": used,
                     "steps": steps,
                     "compile_s": compile_s,
@@ -314,6 +352,7 @@ def main() -> None:
                 **shape,
                 "inst_steps_per_s": ceiling * 1e9 / flops,
                 "gflops": ceiling,
+                "precision": "highest",
                 "pct_of_ceiling": 100.0,
                 "engine_devices": 1,
                 "steps": steps,
@@ -323,7 +362,7 @@ def main() -> None:
         )
     print()
     cols = ["impl", "engine_devices", "heads", "dim", "tokens", "samples", "instances",
-            "inst_steps_per_s", "gflops", "pct_of_ceiling", "compile_s"]  # fmt: skip
+            "inst_steps_per_s", "gflops", "precision", "pct_of_ceiling", "compile_s"]  # fmt: skip
     print(table(rows, cols))
     summary(rows, shapes, devices)
     context = {

@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
-# One command, under 10 minutes, for a machine with an NVIDIA GPU and JAX built with CUDA:
+# One command, at most 8 minutes, for a machine with an NVIDIA GPU and JAX built with CUDA:
 #   bash benchmarks/gpu_check.sh
 # Prints the devices, then on the GPU, each step under its own time limit (a step that fails
 # or runs out of time is reported and the next one runs; the exit status is non-zero if any
 # failed):
 #   1. the same instances on the GPU and on the host CPU (benchmarks/accelerator_agreement.py:
 #      float32 GD at JAX's default precision and at 'highest', float64 variable projection);
-#   2. the engine-versus-baselines comparison (benchmarks/compare.py, engine and jax_naive;
-#      the ceiling is the GPU's own float32 8192² product rate at precision 'highest',
-#      measured in the same run, with the TensorFloat-32 rate beside it);
-#   3. the throughput at the standard shape and at a large batch of 16384 instances
-#      (benchmarks/throughput.py, no instance sweep; the group width fitted to the GPU's
+#   2. the engine-versus-baselines comparison (benchmarks/compare.py: the engine end to end,
+#      its fit alone, and jax_naive; each against the GPU's own 8192² product rate in the
+#      precision its products run in — 'highest' for the engine, TensorFloat-32 for
+#      jax_naive at JAX's default — measured in the same run);
+#   3. the throughput at the standard shape and at a large batch of 16384 instances, end to
+#      end and the fit alone (benchmarks/throughput.py, no instance sweep; the group width fitted to the GPU's
 #      memory; each row appended as it finishes);
 #   4. seconds per recovered teacher of variable projection against the per-teacher scipy
 #      baseline (benchmarks/recovery_speed.py --small; the baseline runs on the host CPU);
@@ -20,7 +21,7 @@
 #      instances).
 # Rows go under benchmarks/results/ (accelerator_agreement.csv, compare.csv, throughput.csv,
 # recovery_speed.csv, stages.csv, linalg_ops.csv; they carry the device kind). The limits add
-# up to 9 min; on an H200 on 2026-12-04 the first four steps took 82 s (without --small),
+# up to 7 min 50 s; on an H200 on 2026-12-04 the first four steps took 82 s (without --small),
 # 119 s, over 130 s (with the instance sweep) and 82 s (log in
 # benchmarks/results/gpu_check_h200.log). Install first, e.g.
 #   pip install -e ".[bench]" "jax[cuda12]"
@@ -47,12 +48,12 @@ step() {  # step SECONDS ARGS...: one benchmark under a time limit
     echo "=== exit $rc after $((SECONDS - tic))s: $*"
     [ "$rc" -eq 0 ] || failed+=("$* (exit $rc)")
 }
-step 70 benchmarks/accelerator_agreement.py --small
-step 140 benchmarks/compare.py --steps 50 --impls mhalearn jax_naive
-step 120 benchmarks/throughput.py --small --large 16384 --sweep
-step 100 benchmarks/recovery_speed.py --small --learners varpro
-step 60 benchmarks/stages.py
-step 50 benchmarks/linalg_ops.py
+step 60 benchmarks/accelerator_agreement.py --small
+step 130 benchmarks/compare.py --steps 50 --impls mhalearn mhalearn_fit jax_naive
+step 110 benchmarks/throughput.py --small --large 16384 --sweep
+step 80 benchmarks/recovery_speed.py --small --learners varpro
+step 50 benchmarks/stages.py
+step 40 benchmarks/linalg_ops.py
 if [ ${#failed[@]} -gt 0 ]; then
     printf 'failed: %s\n' "${failed[@]}"
     exit 1

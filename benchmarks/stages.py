@@ -9,8 +9,10 @@ runs each stage as its own program, ``jit(vmap(stage))`` over the instances on t
 device, and times it after compiling it (best of ``--repeats``), so that a stage whose cost
 does not belong where it runs (a per-instance linear-algebra call an accelerator runs one
 instance at a time, say) shows. The workload is benchmarks/compare.py's: full-batch GD in
-float32 on a random Chen–Li teacher. Prints milliseconds per stage and per instance and
-appends rows to benchmarks/results/stages.csv.
+float32 on a random Chen–Li teacher. Prints milliseconds per stage and per instance, and the
+FLOPs and bytes of one GD step per instance from XLA's cost analysis of the compiled step
+(``mhalearn.learners.step_cost``; their ratio says whether the step is bound by memory or by
+compute on a device), and appends rows to benchmarks/results/stages.csv.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from mhalearn.learners import step_cost
 from mhalearn.metrics.recovery import parameter_errors
 from mhalearn.simulate import instance_keys
 from mhalearn.teachers import sample_teacher_with_info
@@ -85,6 +88,13 @@ def main() -> None:
         print(f"{name}: {1e3 * run_s:.2f} ms (compile {compile_s:.1f} s)", flush=True)
     print(f"\n{device.device_kind}, {B} instances, shape {STANDARD}:")
     print(table(rows, ["stage", "instances", "compile_s", "run_ms", "us_per_instance"]))
+    cost = step_cost(learner, keys.fit, problem)
+    print(
+        f"one GD step per instance (XLA's cost analysis of the compiled step): "
+        f"{cost.flops / 1e6:.1f} MFLOP, {cost.bytes / 1e6:.1f} MB, {cost.intensity:.2f} FLOP/byte"
+    )
+    for r in rows:
+        r.update(step_mflop=cost.flops / 1e6, step_mb=cost.bytes / 1e6)
     context = {**machine(), **STANDARD, "steps": args.steps, "jax": jax.__version__}
     context["device_kind"] = device.device_kind
     path = append_rows("stages", [{**r, **context} for r in rows])

@@ -9,8 +9,12 @@ in a fresh subprocess so that its peak memory (max RSS) is its own; compilation 
 from the steady-state run. The sweep over instances (64 .. 4096, chunk 256) shows time growing
 linearly and peak memory staying flat. ``--large B`` adds a row of B instances in one chunk
 (on an accelerator the engine fits its group width to the device memory). Every row carries
-the device's float32 matrix-product rate measured in the same process (``ceiling_gflops``) and
-the share of it reached. Rows go to benchmarks/results/throughput.csv.
+the device's float32 matrix-product rate, measured in the same process at the precision the
+engine's products run in (``ceiling_gflops``, ``precision``), and the share of it reached: end
+to end (``inst_steps_per_s``: simulate's run, drawing teachers and data, fitting and scoring)
+and, for the standard and large rows, the fit alone (``fit_inst_steps_per_s``: the engine's
+map over the same fits, the data drawn beforehand). Rows go to
+benchmarks/results/throughput.csv.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from _common import (
     STANDARD,
     append_rows,
     ceiling_gflops,
+    engine_fit_seconds,
     gd_workload,
     layer_flops_per_step,
     machine,
@@ -42,14 +47,26 @@ def one(args) -> dict:
     import jax
 
     import mhalearn as mh
+    from mhalearn.batch import MATMUL_PRECISION
 
     shape = {k: getattr(args, k) for k in STANDARD}
     task, learner = gd_workload(**shape, steps=args.steps)
     res = mh.simulate(jax.random.key(0), task, learner, args.instances, chunk_size=args.chunk_size)
+    peak = peak_rss_mb()  # the end-to-end run's (the fit-only run holds its data in memory)
     run = res.attrs["run_seconds"]
     rate = args.instances * args.steps / run
     flops = layer_flops_per_step(args.heads, args.dim, args.tokens, args.samples)
-    ceiling = ceiling_gflops()
+    # the engine's products run at MATMUL_PRECISION ("highest": true float32): its ceiling
+    ceiling = ceiling_gflops(precision=MATMUL_PRECISION)
+    fit = {}
+    if args.fit_only:
+        _, fit_run = engine_fit_seconds(task, learner, args.instances, chunk_size=args.chunk_size)
+        fit_rate = args.instances * args.steps / fit_run
+        fit = {
+            "fit_run_s": fit_run,
+            "fit_inst_steps_per_s": fit_rate,
+            "fit_pct_of_ceiling": 100 * fit_rate * flops / 1e9 / ceiling,
+        }
     return {
         **{
             k: getattr(args, k) for k in ("heads", "dim", "tokens", "samples", "instances", "steps")
@@ -65,8 +82,10 @@ def one(args) -> dict:
             ceiling if jax.devices()[0].platform == "cpu" else ceiling_gflops(precision="default")
         ),
         "pct_of_ceiling": 100 * rate * flops / 1e9 / ceiling,
+        **fit,
+        "precision": MATMUL_PRECISION,
         "vector_width": res.attrs["vector_width"],
-        "peak_rss_mb": peak_rss_mb(),
+        "peak_rss_mb": peak,
         "result_bytes_per_instance": sum(a.nbytes for a in res.arrays().values()) / args.instances,
         "device_kind": res.attrs["device_kind"],
         "jax": res.attrs["jax_version"],
@@ -77,7 +96,9 @@ def one(args) -> dict:
 def spawn(**config) -> dict:
     cmd = [sys.executable, __file__, "--one"]
     for k, v in config.items():
-        if v is not None:
+        if v is True:  # a flag
+            cmd.append(f"--{k.replace('_', '-')}")
+        elif v is not None and v is not False:
             cmd += [f"--{k.replace('_', '-')}", str(v)]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -88,6 +109,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--fit-only", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--small", action="store_true", help="fewer steps and instances")
     p.add_argument("--heads", type=int, default=SHAPE["heads"])
     p.add_argument("--dim", type=int, default=SHAPE["dim"])
@@ -131,9 +153,19 @@ def main() -> None:
         append_rows("throughput", [{**info, "kind": kind, **row}])
         return row
 
-    rows = [run("standard", instances=args.instances, steps=steps, chunk_size=args.chunk_size)]
+    rows = [
+        run(
+            "standard",
+            instances=args.instances,
+            steps=steps,
+            chunk_size=args.chunk_size,
+            fit_only=True,
+        )
+    ]
     if args.large:
-        rows.append(run("large", instances=args.large, steps=steps, chunk_size=args.large))
+        rows.append(
+            run("large", instances=args.large, steps=steps, chunk_size=args.large, fit_only=True)
+        )
     print("standard shape, full-batch GD:")
     cols = [
         "heads",
@@ -147,6 +179,8 @@ def main() -> None:
         "inst_steps_per_s",
         "gflops",
         "pct_of_ceiling",
+        "fit_inst_steps_per_s",
+        "fit_pct_of_ceiling",
         "vector_width",
         "peak_rss_mb",
     ]
