@@ -18,10 +18,13 @@
 #   5. where an instance's time goes, stage by stage (benchmarks/stages.py, 1024 instances),
 #      and the small linear-algebra calls of drawing and scoring as the package makes them
 #      (batched pieces) beside jnp.linalg's vmapped calls (benchmarks/linalg_ops.py, 4096
-#      instances).
+#      instances);
+#   6. the fused Pallas loss-and-gradient kernel against the XLA kernel at the standard shape,
+#      4096 instances (benchmarks/fused.py): where it is faster, mhalearn.fused.FUSED_ON_GPU
+#      may be turned on.
 # Rows go under benchmarks/results/ (accelerator_agreement.csv, compare.csv, throughput.csv,
-# recovery_speed.csv, stages.csv, linalg_ops.csv; they carry the device kind). The limits add
-# up to 7 min 50 s; on an H200 on 2026-12-04 the first four steps took 82 s (without --small),
+# recovery_speed.csv, stages.csv, linalg_ops.csv, fused.csv; they carry the device kind). The
+# limits add up to 7 min 40 s; on an H200 on 2026-12-04 the first four steps took 82 s (without --small),
 # 119 s, over 130 s (with the instance sweep) and 82 s (log in
 # benchmarks/results/gpu_check_h200.log). Install first, e.g.
 #   pip install -e ".[bench]" "jax[cuda12]"
@@ -48,12 +51,13 @@ step() {  # step SECONDS ARGS...: one benchmark under a time limit
     echo "=== exit $rc after $((SECONDS - tic))s: $*"
     [ "$rc" -eq 0 ] || failed+=("$* (exit $rc)")
 }
-step 60 benchmarks/accelerator_agreement.py --small
-step 130 benchmarks/compare.py --steps 50 --impls mhalearn mhalearn_fit jax_naive
-step 110 benchmarks/throughput.py --small --large 16384 --sweep
-step 80 benchmarks/recovery_speed.py --small --learners varpro
-step 50 benchmarks/stages.py
-step 40 benchmarks/linalg_ops.py
+step 50 benchmarks/accelerator_agreement.py --small
+step 120 benchmarks/compare.py --steps 50 --impls mhalearn mhalearn_fit jax_naive
+step 100 benchmarks/throughput.py --small --large 16384 --sweep
+step 70 benchmarks/recovery_speed.py --small --learners varpro
+step 40 benchmarks/stages.py
+step 30 benchmarks/linalg_ops.py
+step 50 benchmarks/fused.py
 if [ ${#failed[@]} -gt 0 ]; then
     printf 'failed: %s\n' "${failed[@]}"
     exit 1

@@ -29,6 +29,7 @@ from jaxtyping import Array, Float, Int, PRNGKeyArray, PyTree
 
 from mhalearn import draws
 from mhalearn._validate import check_shapes, in_range, positive_int
+from mhalearn.fused import fused_form, fused_loss_and_grad
 from mhalearn.instances import unwrap
 from mhalearn.kernels import ClassifierSpec, classifier_score
 from mhalearn.layer import (
@@ -151,6 +152,9 @@ class RegressionProblem(eqx.Module):
     ``start`` (:class:`RegressionStart`). ``teacher`` carries the truth when the task knows
     it; only the oracle baseline may read it. ``lanes``: the training set laid out for
     repeated gradients (:meth:`prepared` sets it; full-batch ``loss_and_grad`` then uses it).
+    ``fused``: full-batch ``loss_and_grad`` runs the fused kernel
+    (:func:`~mhalearn.fused.fused_loss_and_grad`; :meth:`prepared` sets it where
+    :func:`~mhalearn.fused.fused_form` says).
     """
 
     X: Float[Array, "samples tokens dim"]
@@ -159,6 +163,7 @@ class RegressionProblem(eqx.Module):
     start: RegressionStart | GivenStart = RegressionStart()
     teacher: LayerParams | None = None  # the truth, for oracle baselines only
     lanes: Lanes | None = None
+    fused: bool = eqx.field(static=True, default=False)
 
     def __check_init__(self):
         positive_int("heads", self.heads)
@@ -182,17 +187,25 @@ class RegressionProblem(eqx.Module):
         return squared_loss(predict_layer(params, _take(self.X, idx)), _take(self.Y, idx))
 
     def prepared(self) -> RegressionProblem:
-        """This problem with its training set laid out as :class:`~mhalearn.layer.Lanes`
-        where that is faster (:func:`~mhalearn.layer.lanes_form`), else itself."""
+        """This problem with its full-batch gradients from the fused kernel where
+        :func:`~mhalearn.fused.fused_form` says (a GPU), else with its training set laid out as
+        :class:`~mhalearn.layer.Lanes` where that is faster (:func:`~mhalearn.layer.lanes_form`),
+        else itself."""
         n, T, d = self.X.shape
-        if self.lanes is not None or not lanes_form(n, self.heads, T, d, self.X.dtype.itemsize):
+        if self.fused or self.lanes is not None:
+            return self
+        if fused_form(T, self.X.dtype):
+            return dataclasses.replace(self, fused=True)
+        if not lanes_form(n, self.heads, T, d, self.X.dtype.itemsize):
             return self
         return dataclasses.replace(self, lanes=lay_out(self.X, self.Y))
 
     def loss_and_grad(
         self, params: LayerParams, idx: Int[Array, " batch"] | None = None
     ) -> tuple[Float[Array, ""], LayerParams]:
-        if idx is None and self.lanes is not None:
+        if idx is None and self.fused:
+            loss, (g_theta, g_W) = fused_loss_and_grad(self.X, self.Y, params.theta, params.W)
+        elif idx is None and self.lanes is not None:
             loss, (g_theta, g_W) = lanes_loss_and_grad(self.lanes, params.theta, params.W)
         else:
             loss, (g_theta, g_W) = squared_loss_and_grad(

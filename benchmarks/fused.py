@@ -1,0 +1,104 @@
+"""The fused Pallas loss-and-gradient kernel against the XLA kernels, on the default device.
+
+    python benchmarks/fused.py                   # standard shape; GPU 4096 instances, CPU 8
+    python benchmarks/fused.py --instances 16384
+
+Times one full-batch loss-and-gradient of the Chen–Li layer per instance, ``jit(vmap(...))``
+over the instances, float32, for: ``fused`` (``mhalearn.fused.fused_loss_and_grad``: one
+Pallas kernel per instance on Triton; on a CPU it runs in Pallas' interpret mode, which says
+nothing of its speed), ``xla`` (``mhalearn.layer.squared_loss_and_grad``, products at
+'highest') and, where the shape allows, ``lanes`` (the samples-minor layout the CPU takes).
+Prints microseconds per instance-gradient, the rate against the float32 ceiling ('highest')
+measured in the same run, and the fused kernel's largest relative difference from ``xla``;
+appends rows to benchmarks/results/fused.csv. Where ``fused`` is faster on a GPU at the
+standard shape, ``mhalearn.fused.FUSED_ON_GPU`` may be turned on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import STANDARD, append_rows, ceiling_gflops, layer_flops_per_step, machine, table
+
+from mhalearn.fused import fused_loss_and_grad
+from mhalearn.layer import lanes_form, lanes_loss_and_grad, lay_out, squared_loss_and_grad
+
+
+def best_seconds(fn, args, repeats: int) -> tuple[float, float]:
+    """(compile seconds, best run seconds) of ``jit(fn)(*args)``, products at 'highest'."""
+    tic = time.perf_counter()
+    with jax.default_matmul_precision("highest"):
+        compiled = jax.jit(fn).lower(*args).compile()
+    compile_s = time.perf_counter() - tic
+    out = jax.block_until_ready(compiled(*args))
+    best = np.inf
+    for _ in range(repeats):
+        tic = time.perf_counter()
+        jax.block_until_ready(compiled(*args))
+        best = min(best, time.perf_counter() - tic)
+    return compile_s, best, out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--instances", type=int, default=None, help="default GPU 4096, CPU 8")
+    p.add_argument("--repeats", type=int, default=5)
+    for k, v in STANDARD.items():
+        p.add_argument(f"--{k}", type=int, default=v)
+    args = p.parse_args()
+    device = jax.devices()[0]
+    B = args.instances or (8 if device.platform == "cpu" else 4096)
+    m, d, T, n = args.heads, args.dim, args.tokens, args.samples
+    k = jax.random.split(jax.random.key(0), 4)
+    X = jax.random.normal(k[0], (B, n, T, d), jnp.float32)
+    Y = jax.random.normal(k[1], (B, n, T, d), jnp.float32)
+    theta = 4.0 * jax.random.normal(k[2], (B, m, d, d), jnp.float32) / d
+    W = jax.random.normal(k[3], (B, m, d, d), jnp.float32) / np.sqrt(d)
+    kernels = {
+        "fused": (jax.vmap(fused_loss_and_grad), (X, Y, theta, W)),
+        "xla": (jax.vmap(squared_loss_and_grad), (X, Y, theta, W)),
+    }
+    if lanes_form(n, m, T, d, 4):
+        kernels["lanes"] = (jax.vmap(lanes_loss_and_grad), (jax.vmap(lay_out)(X, Y), theta, W))
+    flops = layer_flops_per_step(m, d, T, n)
+    ceiling = ceiling_gflops()
+    rows, outs = [], {}
+    for name, (fn, fn_args) in kernels.items():
+        compile_s, run_s, outs[name] = best_seconds(fn, fn_args, args.repeats)
+        rows.append(
+            {
+                "kernel": name,
+                "instances": B,
+                "compile_s": compile_s,
+                "us_per_instance": 1e6 * run_s / B,
+                "gflops": B * flops / run_s / 1e9,
+                "pct_of_ceiling": 100 * B * flops / run_s / 1e9 / ceiling,
+                "interpret": name == "fused" and device.platform == "cpu",
+            }
+        )
+        print(f"{name}: {1e6 * run_s / B:.1f} µs per instance (compile {compile_s:.1f} s)")
+    diff = max(
+        float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b)))
+        for a, b in zip(jax.tree.leaves(outs["fused"]), jax.tree.leaves(outs["xla"]), strict=True)
+    )
+    print(f"\n{device.device_kind}, shape {dict(heads=m, dim=d, tokens=T, samples=n)}:")
+    print(table(rows, ["kernel", "instances", "compile_s", "us_per_instance", "pct_of_ceiling"]))
+    print(f"fused vs xla: largest difference {diff:.2g} of the largest entry")
+    context = {**machine(), "heads": m, "dim": d, "tokens": T, "samples": n}
+    context.update(device_kind=device.device_kind, jax=jax.__version__, max_rel_diff=diff)
+    path = append_rows("fused", [{**r, **context} for r in rows])
+    print(f"rows appended to {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""The fused Pallas kernel (interpret mode on the CPU) against the layer's XLA kernel, and its
+lowering for a GPU (Triton), which needs no GPU."""
+
+import dataclasses
+import functools
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import export
+
+import mhalearn as mh
+from mhalearn.fused import fused_form, fused_loss_and_grad
+from mhalearn.layer import squared_loss_and_grad
+
+
+def _arrays(n, T, d, m, seed=0, beta=3.0):
+    k = jax.random.split(jax.random.key(seed), 4)
+    X = jax.random.normal(k[0], (n, T, d), jnp.float32)
+    Y = jax.random.normal(k[1], (n, T, d), jnp.float32)
+    theta = beta * jax.random.normal(k[2], (m, d, d), jnp.float32) / d
+    W = jax.random.normal(k[3], (m, d, d), jnp.float32) / np.sqrt(d)
+    return tuple(a.astype(jnp.float32) for a in (X, Y, theta, W))
+
+
+def _close(got, want, rtol=2e-5):
+    """Equal to float32 rounding, relative to each array's largest entry."""
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+        assert np.max(np.abs(a - b)) <= rtol * np.max(np.abs(b)), np.max(np.abs(a - b))
+
+
+# odd sizes (transposed axes cannot pass by accident), a sample count that leaves a part
+# tile, one head, the standard benchmark shape's tokens and dim
+@pytest.mark.parametrize("n, T, d, m", [(33, 4, 5, 3), (7, 2, 3, 1), (24, 8, 16, 2)])
+def test_fused_kernel_equals_the_xla_kernel(n, T, d, m):
+    args = _arrays(n, T, d, m)
+    _close(fused_loss_and_grad(*args), squared_loss_and_grad(*args))
+    # over instances (the kernel's grid), each instance its own training set and parameters
+    batch = [_arrays(n, T, d, m, seed=s) for s in range(3)]
+    stacked = jax.tree.map(lambda *a: jnp.stack(a), *batch)
+    got = jax.vmap(fused_loss_and_grad)(*stacked)
+    want = jax.vmap(squared_loss_and_grad)(*stacked)
+    _close(got, want)
+
+
+def test_fused_kernel_refuses_what_it_cannot_tile():
+    X, Y, theta, W = _arrays(8, 3, 4, 2)
+    with pytest.raises(ValueError, match="tokens must be a power of two"):
+        fused_loss_and_grad(X, Y, theta, W)
+    X, Y, theta, W = _arrays(8, 4, 4, 2)
+    with pytest.raises(ValueError, match="float32"):
+        fused_loss_and_grad(X.astype(jnp.float64), Y, theta, W)
+    assert not fused_form(4, jnp.float32)  # on this CPU, and until measured on a GPU
+
+
+def test_a_fused_problem_fits_as_the_xla_one():
+    task = mh.RegressionTask(teacher=mh.TeacherSpec(heads=2, dim=5, tokens=4), samples=40)
+    _, problem = task.sample(jax.random.key(1))
+    problem = dataclasses.replace(
+        problem, X=problem.X.astype(jnp.float32), Y=problem.Y.astype(jnp.float32)
+    )
+    config = mh.GDConfig(optimizer="gd", steps=12, lr=0.1, snapshots=3)
+    fused = config.fit(jax.random.key(2), dataclasses.replace(problem, fused=True))
+    plain = config.fit(jax.random.key(2), problem)
+    _close(fused.trace.loss, plain.trace.loss, rtol=1e-4)
+    _close(fused.params, plain.params, rtol=1e-4)
+
+
+def test_fused_kernel_lowers_for_a_gpu_through_triton():
+    args = _arrays(64, 8, 16, 4)
+    stacked = jax.tree.map(lambda a: jnp.stack([a] * 5), args)
+    fn = jax.vmap(functools.partial(fused_loss_and_grad, interpret=False))
+    text = export.export(
+        jax.jit(fn),
+        platforms=["cuda"],
+        disabled_checks=[export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")],
+    )(*stacked).mlir_module()
+    calls = re.findall(r"custom_call @(\S+)\(", text)
+    assert calls == ["__gpu$xla.gpu.triton"]  # one kernel, nothing else of size
+    assert re.findall(r"grid_x = (\d+)", text) == ["5"]  # one program per instance
