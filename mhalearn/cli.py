@@ -17,6 +17,7 @@ import contextlib
 import dataclasses
 import io
 import itertools
+import json
 import os
 import re
 import signal
@@ -140,6 +141,39 @@ class Run:
     """No progress bar and no summary."""
     compilation_cache: Annotated[Path | None, _unset("none", "PATH")] = None
     """Keep compiled programs in this folder (JAX's persistent cache): reruns skip compiling."""
+    executor: Literal["none", "local", "slurm"] = "none"
+    """Run the missing cells as jobs (docs: Running on a cluster): slurm, a job array
+    through submitit; local, the same path with jobs as processes of this machine; none,
+    in this process. The jobs meet in OUT/STUDY/; this command waits, showing cells as they
+    arrive, and merges (a rerun resubmits lost cells)."""
+    cells_per_job: int = 1
+    """Cells per job (an executor's)."""
+    slurm_partition: Annotated[str | None, _unset("the cluster's default", "NAME")] = None
+    """The jobs' partition."""
+    slurm_time: int = 60
+    """The jobs' time limit, in minutes."""
+    slurm_cpus: int = 1
+    """CPUs per job."""
+    slurm_gpus: int = 0
+    """GPUs per job."""
+    slurm_mem: Annotated[str | None, _unset("the cluster's default", "SIZE")] = None
+    """Memory per job, as sbatch takes it (e.g. 8G)."""
+    slurm_option: Annotated[
+        tuple[str, ...], tyro.conf.arg(metavar="KEY=VALUE", help_behavior_hint="")
+    ] = ()
+    """Other sbatch options, passed on (e.g. account=me qos=high)."""
+    detach: bool = False
+    """Return once the jobs are queued; the same command again (or `mhalearn status OUT/STUDY`)
+    reports, resubmits lost cells and merges."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Status:
+    """Where a study run through an executor stands: cells stored, jobs alive, jobs that ended
+    with cells missing (with their logs); merges the results when every cell is stored."""
+
+    folder: tyro.conf.Positional[Path]
+    """A study's run folder (OUT/STUDY)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,6 +214,7 @@ def _commands():
         Annotated[Run, tyro.conf.subcommand("run", description=plain(Run.__doc__))],
         Annotated[List, tyro.conf.subcommand("list", description=plain(List.__doc__))],
         Annotated[Plot, tyro.conf.subcommand("plot", description=plain(Plot.__doc__))],
+        Annotated[Status, tyro.conf.subcommand("status", description=plain(Status.__doc__))],
         Annotated[Bench, tyro.conf.subcommand("bench", description=_bench_description())],
     ]
 
@@ -247,11 +282,32 @@ def run(cfg: Run) -> Path:
     config = {**study.config(), "precision": precision}
     store = Store(cfg.out / study.name, config, cfg.overwrite, grid=study.static_axes)
 
+    executor = None
+    if cfg.executor != "none":
+        from mhalearn.experiments import Executor
+
+        executor = Executor(
+            kind=cfg.executor,
+            cells_per_job=cfg.cells_per_job,
+            slurm_partition=cfg.slurm_partition,
+            slurm_time=cfg.slurm_time,
+            slurm_cpus=cfg.slurm_cpus,
+            slurm_gpus=cfg.slurm_gpus,
+            slurm_mem=cfg.slurm_mem,
+            slurm_options=cfg.slurm_option,
+            detach=cfg.detach,
+        )
     set_precision(precision)
     if cfg.compilation_cache is not None:
         enable_compilation_cache(str(cfg.compilation_cache))
     tic = time.perf_counter()
-    ds = run_study(study, store, engine, quiet=cfg.quiet)
+    try:
+        ds = run_study(study, store, engine, quiet=cfg.quiet, executor=executor)
+    except RuntimeError as err:  # jobs lost cells: said in one line, like a bad option
+        raise ValueError(str(err)) from None
+    if ds is None:
+        print(f"jobs queued; `mhalearn status {store.folder}` or this command again to collect")
+        return store.folder
     _use_agg()
     figure = store.write_figure(plot(ds))
     if not cfg.quiet:
@@ -260,6 +316,33 @@ def run(cfg: Run) -> Path:
             print(line, file=sys.stderr)
         print(f"{store.results_path} and {figure} ({time.perf_counter() - tic:.1f}s)")
     return store.results_path
+
+
+def status(cfg: Status) -> None:
+    """Report on a run folder; merge it (and draw its figure) once every cell is stored."""
+    from mhalearn.batch import set_precision
+    from mhalearn.experiments import STUDIES, plot
+    from mhalearn.experiments.executors import status as look
+    from mhalearn.store import Store
+
+    saved = cfg.folder / "config.json"
+    if not saved.is_file():
+        raise ValueError(f"{cfg.folder} holds no config.json: not a study's run folder")
+    config = json.loads(saved.read_text())
+    if config.get("study") not in STUDIES:
+        raise ValueError(f"{saved} names no known study ({config.get('study')!r})")
+    study = STUDIES[config["study"]].from_config(config)
+    store = Store(cfg.folder, config, grid=study.static_axes)
+    report = look(study, store)
+    for line in report.lines():
+        print(line)
+    if report.stored == report.total and not store.results_path.is_file():
+        from mhalearn.experiments.base import merge_stored
+
+        set_precision(config.get("precision", study.precision))
+        ds = merge_stored(study, store)
+        _use_agg()
+        print(f"merged: {store.results_path} and {store.write_figure(plot(ds))}")
 
 
 def _teacher_report(ds) -> list[str]:
@@ -438,6 +521,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             list_studies(command)
         elif isinstance(command, Plot):
             plot(command)
+        elif isinstance(command, Status):
+            status(command)
         else:
             return bench(command, extra)
         sys.stdout.flush()

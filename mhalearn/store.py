@@ -15,10 +15,13 @@ the new grid's missing cells are computed. Any other difference is refused, nami
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +38,33 @@ def _atomic_write(path: Path, write) -> None:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+#: the folders whose lock this process holds, and how deeply (the lock is re-entrant)
+_HELD: dict[Path, int] = {}
+
+
+@contextlib.contextmanager
+def folder_lock(folder: str | os.PathLike) -> Iterator[None]:
+    """Exclusive use of ``folder``'s config, job ledger and merged results across processes
+    (``fcntl.flock`` on ``folder/.lock``); re-entrant within a process."""
+    folder = Path(folder).resolve()
+    if _HELD.get(folder):
+        _HELD[folder] += 1
+        try:
+            yield
+        finally:
+            _HELD[folder] -= 1
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / ".lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        _HELD[folder] = 1
+        try:
+            yield
+        finally:
+            _HELD[folder] = 0
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def writable_folder(option: str, folder: str | os.PathLike) -> Path:
@@ -99,7 +129,7 @@ class Store:
                     f"{self.folder} holds results of a different config ({diff}); pass "
                     f"--overwrite to replace them or choose another folder with --out"
                 )
-        elif any(self.folder.iterdir()):
+        elif any(p.name != ".lock" for p in self.folder.iterdir()):
             raise ValueError(
                 f"{self.folder} is not empty and holds no config.json; pass --overwrite to "
                 f"replace its contents or choose another folder with --out"
@@ -111,8 +141,16 @@ class Store:
         killed mid-write, and write ``config.json``."""
         if self._open:
             return
+        with folder_lock(self.folder):
+            self._prepare()
+        # emptied: from now on the cells in the folder are this run's
+        self._open, self.overwrite = True, False
+
+    def _prepare(self) -> None:
         if self.overwrite and self.folder.exists():
             for path in self.folder.iterdir():
+                if path.name == ".lock":  # held by this process: kept, or the lock breaks
+                    continue
                 if path.is_dir() and not path.is_symlink():
                     shutil.rmtree(path)
                 else:
@@ -124,7 +162,6 @@ class Store:
         saved = self.folder / "config.json"
         if not saved.is_file() or saved.read_text() != text:
             _atomic_write(saved, lambda tmp: tmp.write_text(text))
-        self._open = True
 
     @property
     def results_path(self) -> Path:
@@ -149,7 +186,8 @@ class Store:
 
     def write_results(self, ds) -> Path:
         self.open()
-        _atomic_write(self.results_path, lambda tmp: ds.to_netcdf(tmp, engine=ENGINE))
+        with folder_lock(self.folder):
+            _atomic_write(self.results_path, lambda tmp: ds.to_netcdf(tmp, engine=ENGINE))
         return self.results_path
 
     def write_figure(self, fig) -> Path:

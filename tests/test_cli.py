@@ -363,3 +363,26 @@ def test_sigint_and_sigterm_end_cleanly_in_every_phase_and_resume(tmp_path):
     counts = {k: outcomes.count(k) for k in ("interrupted", "finished first")}
     print(f"interrupt trials: {counts}")
     assert counts["interrupted"] >= 8, counts
+
+
+@pytest.mark.slow
+def test_run_through_local_jobs_detached_then_status_merges(tmp_path):
+    # the cells as jobs (local processes): detached, the command returns once they are queued;
+    # `mhalearn status` reports, and merges once every cell is stored; the results equal a run
+    # in one process
+    out = mhalearn(*TINY_RUN, "--out", str(tmp_path / "jobs"), "--executor", "local", "--detach")
+    assert out.returncode == 0, out.stderr
+    assert "jobs queued" in out.stdout and "submitted" in out.stderr
+    folder = tmp_path / "jobs" / "regimes"
+    for _ in range(300):
+        report = mhalearn("status", str(folder))
+        assert report.returncode == 0, report.stderr
+        if "merged:" in report.stdout:
+            break
+        time.sleep(1)
+    assert "2 of 2 cells stored" in report.stdout and (folder / "figure.png").is_file()
+    plain = mhalearn(*TINY_RUN, "--out", str(tmp_path / "plain"), "--quiet")
+    assert plain.returncode == 0, plain.stderr
+    xr.testing.assert_identical(load(folder), load(tmp_path / "plain" / "regimes"))
+    bad = mhalearn("status", str(tmp_path))
+    assert bad.returncode == 2 and "not a study's run folder" in bad.stderr

@@ -103,7 +103,8 @@ def test_overwrite_checks_first_and_then_removes_everything_of_the_old_run(tmp_p
     assert not store.has("cell")  # overwriting: nothing old counts as done
     run_study(other, store)
     left = {p.name for p in tmp_path.iterdir()}
-    assert left == {"config.json", "cells", "results.nc"}  # the stray notes are gone
+    # the stray notes are gone (.lock: where writers of the folder take turns)
+    assert left == {".lock", "config.json", "cells", "results.nc"}
     assert [p.name for p in store.cells.iterdir()] == ["inputs-boolean_heads-1_tokens-4.nc"]
     Store(tmp_path, other.config())  # the same config again is welcome
 

@@ -3,10 +3,12 @@
 Each study is one module that defines its spec (grid, presets, figure) and registers it with
 :func:`register_study`; ``STUDIES`` maps every registered name to its class, ``DEFAULT`` is
 what ``mhalearn run`` runs without a name. :func:`run_study` runs one (resuming from a store),
-:func:`plot` draws its results.
+:func:`plot` draws its results; an :class:`Executor` runs its cells as SLURM jobs or local
+processes.
 """
 
 from mhalearn.experiments.base import STUDIES, Study, plot, register_study, run_study
+from mhalearn.experiments.executors import Executor
 from mhalearn.experiments.heads import Heads
 from mhalearn.experiments.margin import Margin
 from mhalearn.experiments.max_margin import MaxMargin
@@ -23,6 +25,7 @@ DEFAULT = "phase"
 __all__ = [
     "DEFAULT",
     "STUDIES",
+    "Executor",
     "Heads",
     "Margin",
     "MaxMargin",

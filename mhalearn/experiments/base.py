@@ -216,6 +216,33 @@ def merge_cells(study: Study, cells: list[dict[str, Any]], datasets: list) -> An
     return annotate(study.derive(merged), study.annotations())
 
 
+def _run_through(study: Study, store: Any, engine: Engine, quiet: bool, executor: Any):
+    """:func:`run_study` with an executor: the jobs, then the merge under the folder's lock."""
+    from mhalearn.experiments.executors import run_on
+
+    if store is None:
+        raise ValueError("an executor needs a store: its folder is where the jobs meet")
+    if not isinstance(engine.devices, int | None):
+        raise ValueError("an executor's jobs take devices as a count, not as Device objects")
+    # what a job's engine may be told (progress stays in this process)
+    options = {k: v for k, v in engine.kwargs().items() if k != "progress"}
+    if not run_on(study, store, executor, options, quiet):
+        return None
+    return merge_stored(study, store)
+
+
+def merge_stored(study: Study, store: Any):
+    """``study``'s cells read from ``store``, merged and written as its results, under the
+    folder's lock (no other writer merges or changes the config meanwhile)."""
+    from mhalearn.store import folder_lock
+
+    cells = study.cells()
+    with folder_lock(store.folder):
+        merged = merge_cells(study, cells, [store.read_cell(cell_id(c)) for c in cells])
+        store.write_results(merged)
+    return merged
+
+
 class _CellBar:
     """A terminal progress bar of cells whose text shows the current cell's phase (compiling,
     then instances done) and whose clock moves while XLA compiles. When stderr is not a
@@ -272,8 +299,12 @@ class _CellBar:
 
 
 def run_study(
-    study: Study, store: Any = None, engine: Engine | None = None, quiet: bool = True
-) -> xr.Dataset:
+    study: Study,
+    store: Any = None,
+    engine: Engine | None = None,
+    quiet: bool = True,
+    executor: Any = None,
+) -> xr.Dataset | None:
     """Run every cell of ``study`` and return the merged Dataset.
 
     Args:
@@ -285,13 +316,23 @@ def run_study(
         quiet: no progress. Otherwise a progress bar (on a terminal) counts cells and shows
             the current cell's phase; when stderr is not a terminal, a line on it says how
             many cells are left, then one per finished cell, with its time.
+        executor: an :class:`~mhalearn.experiments.executors.Executor` (SLURM or local
+            processes, through submitit): the missing cells run as jobs that meet in
+            ``store``'s folder (required), and this call waits for them and merges (see
+            :mod:`mhalearn.experiments.executors`). None: in this process.
 
     Returns:
         The merged results: dimensions (static axes, vmapped axes, ``instance``,
             ``step``), a coordinate for every swept value, what :meth:`Study.derive` adds,
-            and attributes that make it reproducible.
+            and attributes that make it reproducible. None when ``executor.detach`` returned
+            before every cell was stored.
+
+    Raises:
+        RuntimeError: jobs of ``executor`` ended with cells missing (their logs named).
     """
     engine = engine or Engine()
+    if executor is not None:
+        return _run_through(study, store, engine, quiet, executor)
     cells = study.cells()
     key = jax.random.key(study.seed)
     todo = [c for c in cells if store is None or not store.has(cell_id(c))]
@@ -312,12 +353,9 @@ def run_study(
         if bar is not None:
             bar.close()
     if store is not None:
-        datasets = [store.read_cell(cell_id(c)) for c in cells]
+        merged = merge_stored(study, store)
     else:
-        datasets = [done[cell_id(c)] for c in cells]
-    merged = merge_cells(study, cells, datasets)
-    if store is not None:
-        store.write_results(merged)
+        merged = merge_cells(study, cells, [done[cell_id(c)] for c in cells])
     if not quiet:
         elapsed = time.perf_counter() - tic
         print(f"{study.name}: {len(todo)} of {len(cells)} cells run in {elapsed:.1f}s")
