@@ -169,3 +169,33 @@ def test_the_multi_gpu_example_is_a_valid_batch_script(slurm):
     )
     assert out.returncode == 0, out.stderr
     assert "to start at" in out.stderr
+
+
+@pytest.mark.slow
+def test_a_requeued_job_skips_the_cells_it_wrote(slurm, tmp_path, in_process):
+    # preemption as SLURM does it: the job is stopped (SIGTERM) and queued again; started
+    # anew, it computes only the cells it had not written, and the waiting command merges
+    study = _study()
+    folder = tmp_path / "run"
+    detached = Executor(kind="slurm", cells_per_job=4, slurm_time=10, detach=True, poll=1)
+    assert not run_study(study, _store(folder, study), executor=detached)
+    (job,) = json.loads((folder / "jobs.json").read_text())
+    deadline = time.monotonic() + 300
+    while not list((folder / "cells").glob("*.nc")):  # a first cell written
+        assert time.monotonic() < deadline, "no cell was written"
+        time.sleep(0.2)
+    subprocess.run(["scontrol", "requeue", job["id"]], check=True)
+    # SLURM holds a requeued job back a while (its begin time): let it start at once
+    while _queued(job["id"]) != "PENDING":
+        assert time.monotonic() < deadline, "the job was not requeued"
+        time.sleep(0.2)
+    subprocess.run(["scontrol", "update", f"jobid={job['id']}", "starttime=now"], check=True)
+    first = {p.name: p.stat().st_mtime_ns for p in (folder / "cells").glob("*.nc")}
+    again = Executor(kind="slurm", cells_per_job=4, slurm_time=10, poll=1)
+    ds = run_study(study, _store(folder, study), executor=again)
+    xr.testing.assert_identical(ds, in_process)
+    # the same job finished the run: nothing was submitted anew
+    assert len(list((folder / "jobs").glob("*_submitted.pkl"))) == 1
+    after = {p.name: p.stat().st_mtime_ns for p in (folder / "cells").glob("*.nc")}
+    assert all(after[name] == t for name, t in first.items())  # not written twice
+    assert Path(job["log"]).with_suffix(".out").read_text().count("Loading pickle") == 2
