@@ -333,7 +333,10 @@ def status(cfg: Status) -> None:
         raise ValueError(f"{saved} names no known study ({config.get('study')!r})")
     study = STUDIES[config["study"]].from_config(config)
     store = Store(cfg.folder, config, grid=study.static_axes)
-    report = look(study, store)
+    try:
+        report = look(study, store)
+    except RuntimeError as err:  # the scheduler does not answer: one line, like a bad option
+        raise ValueError(str(err)) from None
     for line in report.lines():
         print(line)
     if report.stored == report.total and not store.results_path.is_file():

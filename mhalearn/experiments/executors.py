@@ -122,9 +122,16 @@ def _write_ledger(folder: Path, jobs: list[dict]) -> None:
 
 def _queued() -> set[str]:
     """The ids of SLURM jobs pending or running (array tasks as ``JOB_TASK``)."""
-    out = subprocess.run(
-        ["squeue", "-h", "-r", "-o", "%i"], capture_output=True, text=True, check=True
-    )
+    try:
+        out = subprocess.run(
+            ["squeue", "-h", "-r", "-o", "%i"], capture_output=True, text=True, check=True
+        )
+    except (OSError, subprocess.CalledProcessError) as err:
+        why = getattr(err, "stderr", None) or err
+        raise RuntimeError(
+            f"squeue does not answer ({str(why).strip()}): the jobs' state is unknown; "
+            "run the same command again once the scheduler answers"
+        ) from None
     return set(out.stdout.split())
 
 
@@ -170,11 +177,12 @@ class Report:
         if self.submitted:
             ids = ", ".join(j["id"] for j in self.submitted)
             out.append(f"submitted {len(self.submitted)} jobs: {ids}")
-        for job in self.failed:
-            out.append(
-                f"job {job['id']} ({', '.join(job['missing'])}): {job['why']}; log {job['log']}"
-            )
-        return out
+        return out + [failure(job) for job in self.failed]
+
+
+def failure(job: dict) -> str:
+    """One line on a job that ended with cells missing: its cells, why, its log."""
+    return f"job {job['id']} ({', '.join(job['missing'])}): {job['why']}; log {job['log']}"
 
 
 def _look(study, store, executor: Executor | None, engine: dict) -> Report:
@@ -263,16 +271,15 @@ def run_on(study, store, executor: Executor, engine: dict, quiet: bool = True) -
         report = _look(study, store, None, engine)
         failed += report.failed
         for job in report.failed:
-            say(Report(0, 0, [], [job], []).lines()[1])
+            say(failure(job))
         if report.stored != seen:
             seen = report.stored
             say(f"{seen} of {report.total} cells stored")
     if failed or (not executor.detach and report.stored < report.total):
-        lost = Report(report.total, report.stored, [], failed, []).lines()
         raise RuntimeError(
             f"{study.name}: {report.total - report.stored} of {report.total} cells missing; "
-            + "; ".join(lost[1:])
-            + "; run the same command again to submit them anew"
+            + "".join(f"{failure(job)}; " for job in failed)
+            + "run the same command again to submit them anew"
         )
     return report.stored == report.total
 
