@@ -3,6 +3,7 @@ numbers of its own instance (recomputed directly, one instance at a time)."""
 
 import itertools
 import json
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -283,3 +284,34 @@ def test_cells_are_every_combination_of_the_static_axes_last_fastest():
     assert STUDIES["stepsize"]().cells() == [{}]  # no static axis: one cell
     assert STUDIES["margin"](svm_iterations=5).cells() == [{}]
     assert STUDIES["heads"](noise=(0.5, 1.5)).cells() == [{"noise": 0.5}, {"noise": 1.5}]
+
+
+#: Datasets of every study at its tiny size, stored before the package's layout was rebuilt
+#: (tests/tiny_references.py)
+REFERENCES = Path(__file__).resolve().parent / "data" / "tiny"
+
+
+def _timed(ds, name: str) -> bool:
+    """A wall-clock time, or a number computed from one: it differs run to run."""
+    return ds[name].attrs.get("units") == "s" or "seconds" in name
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(STUDIES))
+def test_every_study_at_tiny_equals_its_stored_dataset(tiny_results, name):
+    # the same variables, coordinates and numbers as before a move of code: integers and
+    # flags exactly, floats to 1e-9 relative (XLA may fuse a moved function differently),
+    # timings apart
+    ds, ref = load(tiny_results[name][1]), load(REFERENCES / f"{name}.nc")
+    assert set(ds.data_vars) == set(ref.data_vars)
+    assert dict(ds.sizes) == dict(ref.sizes)
+    for coord in ref.coords:
+        np.testing.assert_array_equal(ds[coord].values, ref[coord].values, err_msg=coord)
+    for var in ref.data_vars:
+        if _timed(ref, var):
+            continue
+        got, want = ds[var].values, ref[var].values
+        if want.dtype.kind in "fc":
+            np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12, err_msg=var)
+        else:
+            np.testing.assert_array_equal(got, want, err_msg=var)
