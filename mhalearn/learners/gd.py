@@ -234,35 +234,37 @@ def _interval(problem, config: GDConfig, opt, k_batch, monitor, carry: _Carry, n
     """``n`` steps, and the snapshot at their start: its full training loss is the one the
     first full-batch step computes, so no separate forward pass is spent on it.
 
-    The steps run in blocks of ``config.check_every`` (a ``scan`` of fixed length: a step past
-    the ``n``-th is skipped, one of an instance that has stopped changes nothing), and whether
-    any instance still runs is tested between blocks only: an accelerator reports to the host
-    once per block, not once per step."""
+    The steps run in blocks of k = ``config.check_every`` (a ``scan`` of fixed length; a step
+    of an instance that has stopped changes nothing), and whether any instance still runs is
+    tested between blocks only: an accelerator reports to the host once per block, not once
+    per step. The ``n mod k`` steps left after the whole blocks run in a ``scan`` of k − 1
+    steps, each skipped past them (its index and ``n`` are the same for every instance, so
+    the skip is a branch, not a mask, under ``vmap``) or once the instance has stopped."""
+    k = config.check_every
 
-    def one(state, _):
-        i, taken, carry, first = state
-
-        def advance(state):
-            taken, carry, first = state
-            new, loss = _step(problem, config, opt, k_batch, carry)
-            go = _running(carry.status)
-            first = jnp.where(go & (taken == 0), loss, first)
-            return taken + go, _select(go, new, carry), first
-
-        # i counts the block's steps alike for every instance: past n the step is skipped,
-        # also under vmap
-        state = jax.lax.cond(i < n, advance, lambda state: state, (taken, carry, first))
-        return (i + 1, *state), None
+    def advance(state):
+        taken, carry, first = state
+        new, loss = _step(problem, config, opt, k_batch, carry)
+        go = _running(carry.status)
+        first = jnp.where(go & (taken == 0), loss, first)
+        return taken + go, _select(go, new, carry), first
 
     def block(state):
-        return jax.lax.scan(one, state, None, config.check_every)[0]
+        i, *rest = state
+        rest = jax.lax.scan(lambda s, _: (advance(s), None), tuple(rest), None, k)[0]
+        return (i + k, *rest)
 
-    def more(state):
+    def whole_blocks_left(state):
         i, _, carry, _ = state
-        return (i < n) & _running(carry.status)
+        return (i + k <= n) & _running(carry.status)
+
+    def last(state, j):
+        go = (j < n % k) & _running(state[1].status)
+        return jax.lax.cond(go, advance, lambda state: state, state), None
 
     first = jnp.full((), jnp.nan, carry.loss_sum.dtype)
-    _, taken, after, first = jax.lax.while_loop(more, block, (0, 0, carry, first))
+    _, *state = jax.lax.while_loop(whole_blocks_left, block, (0, 0, carry, first))
+    taken, after, first = jax.lax.scan(last, tuple(state), jnp.arange(k - 1))[0]
     if config.batch_size is None:
         loss = jax.lax.cond(taken > 0, lambda: first, lambda: problem.loss(carry.params))
     else:  # a step saw a minibatch; the trace holds the full training loss
