@@ -19,7 +19,9 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import shutil
+import socket
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,9 +30,29 @@ from typing import Any
 ENGINE = "h5netcdf"
 
 
+def _tmp_suffix() -> str:
+    """A temporary name's mark of the process writing it: host and process id."""
+    return f".tmp-{socket.gethostname()}-{os.getpid()}"
+
+
+def _abandoned(tmp: Path) -> bool:
+    """Whether a temporary file was left by a process of this host that has ended (a file of
+    another host, or of a process still writing, may be in use: left alone)."""
+    match = re.search(r"\.tmp-(.+)-(\d+)$", tmp.name)
+    if match is None or match[1] != socket.gethostname():
+        return False
+    try:
+        os.kill(int(match[2]), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # alive, another user's
+        return False
+    return False
+
+
 def _atomic_write(path: Path, write) -> None:
     """``write(tmp_path)``, fsync, then rename onto ``path`` (atomic on POSIX)."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp = path.with_name(f".{path.name}{_tmp_suffix()}")
     try:
         write(tmp)
         with open(tmp, "rb+") as f:
@@ -138,7 +160,8 @@ class Store:
     def open(self) -> None:
         """Prepare the folder for writing (once): create it, empty it when overwriting
         (everything in it goes, stray files included), remove temporary files left by a run
-        killed mid-write, and write ``config.json``."""
+        of this host killed mid-write (not those of a process still writing: a job beside
+        this one), and write ``config.json``."""
         if self._open:
             return
         with folder_lock(self.folder):
@@ -156,8 +179,9 @@ class Store:
                 else:
                     path.unlink()
         self.cells.mkdir(parents=True, exist_ok=True)
-        for stale in self.folder.glob("**/.*.tmp*"):
-            stale.unlink(missing_ok=True)
+        for stale in self.folder.glob("**/.*.tmp-*"):
+            if _abandoned(stale):  # a job of another process may be writing its own
+                stale.unlink(missing_ok=True)
         text = json.dumps(self.config, indent=1, sort_keys=True)
         saved = self.folder / "config.json"
         if not saved.is_file() or saved.read_text() != text:

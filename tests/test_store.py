@@ -138,9 +138,13 @@ def test_foreign_folder_is_refused_and_missing_file_reported(tmp_path):
 
 
 def test_stale_temporary_files_are_removed_when_the_store_opens(tmp_path):
+    import socket
+
     store = Store(tmp_path, STUDY.config())
     store.open()
-    stale = store.cells / ".cell.nc.tmp123"
+    killed = subprocess.Popen(["true"])  # a writer that has ended
+    killed.wait()
+    stale = store.cells / f".cell.nc.tmp-{socket.gethostname()}-{killed.pid}"
     stale.write_bytes(b"half a file")
     again = Store(tmp_path, STUDY.config())
     assert stale.exists()  # checking touches nothing
@@ -236,3 +240,25 @@ def test_a_run_logged_to_a_file_says_what_is_left_and_each_cell_it_finishes(tmp_
     names = [line.split()[1] for line in lines[1:]]
     assert names == ["inputs-boolean_heads-2_tokens-4", "inputs-boolean_heads-3_tokens-4"]
     assert lines[-1].endswith("so far)") and "(3/3 cells, " in lines[-1]
+
+
+def test_opening_removes_only_temporary_files_of_ended_processes(tmp_path):
+    # a job writing beside this one keeps its temporary file; one a killed run of this host
+    # left is removed; one of another host is left alone (its process may be alive there)
+    import socket
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    host = socket.gethostname()
+    store = Store(tmp_path / "run", STUDY.config())
+    cells = tmp_path / "run" / "cells"
+    cells.mkdir(parents=True)
+    names = {
+        "writing": f".a.nc.tmp-{host}-{os.getpid()}",
+        "killed": f".b.nc.tmp-{host}-{dead.pid}",
+        "elsewhere": f".c.nc.tmp-another-host-{dead.pid}",
+    }
+    for name in names.values():
+        (cells / name).write_text("partial")
+    store.open()
+    assert {p.name for p in cells.iterdir()} == {names["writing"], names["elsewhere"]}
