@@ -89,6 +89,18 @@ def folder_lock(folder: str | os.PathLike) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def _only_leftovers(folder: Path) -> bool:
+    """Whether ``folder`` holds nothing but what a run stopped before writing its config
+    leaves: the lock, temporary files, an empty ``cells`` folder."""
+    for path in folder.iterdir():
+        if path.name == ".lock" or re.search(r"\.tmp-.+-\d+$", path.name):
+            continue
+        if path.name == "cells" and path.is_dir() and not any(path.iterdir()):
+            continue
+        return False
+    return True
+
+
 def writable_folder(option: str, folder: str | os.PathLike) -> Path:
     """Check that ``folder`` is, or can be created as, a folder this process can write to
     (``option``: the name used in the message); nothing is left behind. Returns it."""
@@ -151,7 +163,7 @@ class Store:
                     f"{self.folder} holds results of a different config ({diff}); pass "
                     f"--overwrite to replace them or choose another folder with --out"
                 )
-        elif any(p.name != ".lock" for p in self.folder.iterdir()):
+        elif not _only_leftovers(self.folder):
             raise ValueError(
                 f"{self.folder} is not empty and holds no config.json; pass --overwrite to "
                 f"replace its contents or choose another folder with --out"
@@ -178,14 +190,16 @@ class Store:
                     shutil.rmtree(path)
                 else:
                     path.unlink()
-        self.cells.mkdir(parents=True, exist_ok=True)
+        self.folder.mkdir(parents=True, exist_ok=True)
         for stale in self.folder.glob("**/.*.tmp-*"):
             if _abandoned(stale):  # a job of another process may be writing its own
                 stale.unlink(missing_ok=True)
+        # the config first: a run stopped before it leaves nothing a rerun would refuse
         text = json.dumps(self.config, indent=1, sort_keys=True)
         saved = self.folder / "config.json"
         if not saved.is_file() or saved.read_text() != text:
             _atomic_write(saved, lambda tmp: tmp.write_text(text))
+        self.cells.mkdir(exist_ok=True)
 
     @property
     def results_path(self) -> Path:
