@@ -63,16 +63,16 @@ def sorted_share(res, share):
     return (rank < keep).reshape(res.shape)
 
 
-def sorted_refinement(key, X, Y, S0, config):
+def sorted_refinement(key, X, Y, S0, config: cl.Refinement):
     """The former refinement: sorted shares, one einsum for the Gram, restarts vmapped."""
-    rounds = config.refit_rounds
+    rounds = config.rounds
     ratio = jnp.asarray(config.quantile_end / config.quantile_start)
     shares = config.quantile_start * ratio ** (jnp.arange(rounds) / max(rounds - 1, 1))
 
     def refine(S):
         def round_(S, share):
-            best, res, _ = cl.row_matches(X, Y, S)
-            keep = sorted_share(res, share).astype(X.dtype)
+            found = cl.row_matches(X, Y, S)
+            best, keep = found.tokens, sorted_share(found.residual, share).astype(X.dtype)
             xb = jnp.take_along_axis(X, best[..., None], axis=1)
             gram = jnp.einsum("na,nad,nae->de", keep, xb, xb)
             rhs = jnp.einsum("na,nad,nae->de", keep, xb, Y)
@@ -81,13 +81,13 @@ def sorted_refinement(key, X, Y, S0, config):
         return jax.lax.scan(round_, S, shares)[0]
 
     def score(S):
-        _, res, _ = cl.row_matches(X, Y, S)
+        res = cl.row_matches(X, Y, S).residual
         keep = sorted_share(res, config.quantile_end)
         return jnp.sum(jnp.where(keep, res, 0.0)) / jnp.maximum(jnp.sum(keep), 1)
 
-    noise = draws.normal(key, (config.refit_restarts - 1, *S0.shape), S0.dtype)
+    noise = draws.normal(key, (config.restarts - 1, *S0.shape), S0.dtype)
     size = jnp.linalg.norm(S0) / S0.shape[0]
-    starts = jnp.concatenate([S0[None], S0 + config.refit_noise * size * noise])
+    starts = jnp.concatenate([S0[None], S0 + config.noise * size * noise])
     finals = jax.vmap(refine)(starts)
     return finals[jnp.argmin(jax.vmap(score)(finals))]
 
@@ -95,7 +95,7 @@ def sorted_refinement(key, X, Y, S0, config):
 @eqx.filter_jit
 def certified_token(problem, S, config):
     """The token each row is certified to attend to (the tilt's input, computed untimed)."""
-    return cl.certify(problem.X, problem.Y, S, config).token
+    return cl.certify(problem.X, problem.Y, S, config.certification).token
 
 
 def phases(config: cl.ChenLiConfig, heads: int) -> dict:
@@ -104,11 +104,11 @@ def phases(config: cl.ChenLiConfig, heads: int) -> dict:
 
     @eqx.filter_jit
     def sum_w_sorted(k, p):
-        return sorted_refinement(k, p.X, p.Y, cl.crude_sum_w(p.X, p.Y), config)
+        return sorted_refinement(k, p.X, p.Y, cl.crude_sum_w(p.X, p.Y), config.refinement)
 
     @eqx.filter_jit
     def min_norm(K, c):
-        return cl.k_min_norm_point(K, c)
+        return cl.k_min_norm_point(K, c.qp)
 
     @eqx.filter_jit
     def tilt(p, K, token, theta):
@@ -157,7 +157,7 @@ def main() -> None:
         state["bodies"] = timed["head bodies"](state)
         state["token"] = certified_token(problem, state["S"], config)
         state["point"] = timed["min_norm float32"](state)
-        state["basis"], _ = timed["subsets float32"](state)
+        state["basis"] = timed["subsets float32"](state).basis
         for name, fn in timed.items():
             tic = time.perf_counter()
             jax.block_until_ready(fn(state))

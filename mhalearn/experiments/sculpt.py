@@ -102,34 +102,36 @@ def _timed(fn, *args):
 def sum_w_phase(key, problem, config):
     """Phases 1–2: the refined ΣW."""
     X, Y = problem.X, problem.Y
-    return cl.refine_sum_w_restarts(key, X, Y, cl.crude_sum_w(X, Y), config)[0]
+    return cl.refine_sum_w_restarts(key, X, Y, cl.crude_sum_w(X, Y), config.refinement).estimate
 
 
 @eqx.filter_jit
 def certify_phase(key, problem, S, config):
     """Phase 3: the certificate and K."""
-    return cl.constraints(key, problem.X, cl.certify(problem.X, problem.Y, S, config), config)
+    cert = cl.certify(problem.X, problem.Y, S, config.certification)
+    return cl.constraints(key, problem.X, cert, config.body)
 
 
 @eqx.filter_jit
 def span_phase(key, K, heads, config, point=None, bodies=None):
-    """Phase 4: (span basis, K's min-norm point), the point computed when not given
-    (``bodies``: the heads' own bodies, for the methods of ``HEAD_QUERIES``)."""
-    return cl.span_estimate(key, K, heads, config, point, bodies)
+    """Phase 4: the span estimate of ``config.span_method`` (basis, K's min-norm point), the
+    point computed when not given (``bodies``: the heads' own bodies, for the methods of
+    ``HEAD_QUERIES``)."""
+    return cl.span_estimate(key, K, heads, config.span(), config.qp, point, bodies)
 
 
 @eqx.filter_jit
 def head_bodies_phase(key, problem, S, heads, config):
     """The heads' methods' own phase: each head's values, its certified rows and its
     body K_i (as :meth:`~mhalearn.learners.chen_li.ChenLiConfig.fit` draws them)."""
-    return cl.heads_phase(key, key, problem.X, problem.Y, S, heads, config)[2]
+    return cl.heads_phase(key, key, problem.X, problem.Y, S, heads, config).bodies
 
 
 @eqx.filter_jit
 def search_phase(key, problem, basis, point, K, config):
     """Phase 5: the search inside the span."""
-    problem = cl.search_problem(problem, config)
-    return cl.search_in_span(key, problem, basis, jnp.linalg.norm(point), K, config)
+    problem = cl.search_problem(problem, config.search_samples)
+    return cl.search_in_span(key, problem, basis, jnp.linalg.norm(point), K, config.search)
 
 
 def onset(values: np.ndarray, samples: np.ndarray, holds) -> float:
@@ -280,8 +282,8 @@ class Sculpt(Study):
             p = sample(k, jnp.asarray(beta, jnp.result_type(float)))
             S, t_sum_w = _timed(sum_w_phase, k, p, config)
             K, t_certify = _timed(certify_phase, k, p, S, config)
-            (basis, point), t_span = _timed(span_phase, k, K, cell["heads"], config)
-            _, t_search = _timed(search_phase, k, p, basis, point, K, config)
+            span, t_span = _timed(span_phase, k, K, cell["heads"], config)
+            _, t_search = _timed(search_phase, k, p, span.basis, span.point, K, config)
             if i > 0:
                 total += (t_sum_w, t_certify, t_span, t_search)
         return dict(zip(PHASES, total / self.timing_instances, strict=True))

@@ -115,8 +115,7 @@ class OracleConfig(eqx.Module):
         noise = draws.normal(key, truth.shape, truth.dtype)
         scale = jnp.linalg.norm(truth, axis=(1, 2), keepdims=True) / truth.shape[-1]
         theta0 = truth + self.perturbation * scale * noise
-        theta, W, history, done, iters = levenberg_marquardt(problem, theta0, self.refine)
-        return fit_from_history(LayerParams(theta=theta, W=W), history, done, iters, monitor)
+        return levenberg_marquardt(problem, theta0, self.refine).fit(monitor)
 
 
 register_learner(

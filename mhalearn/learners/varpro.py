@@ -22,7 +22,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float, PRNGKeyArray
+from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
 from mhalearn._validate import choice, in_range, positive_int
 from mhalearn.kernels import attention_weights
@@ -100,28 +100,29 @@ class VarProConfig(eqx.Module):
             return levenberg_marquardt(problem, theta0, self)
 
         def needs_another(carry):
-            r, (*_, done, _) = carry
-            return (r < self.restarts) & ~done
+            r, best = carry
+            return (r < self.restarts) & ~best.converged
 
         def next_start(carry):
             r, best = carry
             out = attempt(r)
             # the first start replaces the placeholder; a later one replaces a worse (or NaN)
-            better = (r == 0) | (nan_last(out[2][-1]) < nan_last(best[2][-1]))
+            better = (r == 0) | (nan_last(out.cost) < nan_last(best.cost))
             return r + 1, jax.tree.map(lambda new, old: jnp.where(better, new, old), out, best)
 
         # before the first start: the shapes of a result, a cost of +inf (one copy of the solver
         # in the program, inside the loop)
         shapes = jax.eval_shape(attempt, 0)
-        none = (*(jnp.full(s.shape, jnp.inf, s.dtype) for s in shapes[:3]), False, 0)
-        none = jax.tree.map(lambda v, s: jnp.asarray(v, s.dtype), none, shapes)
-        starts, (theta, W, history, done, iters) = jax.lax.while_loop(
-            needs_another, next_start, (jnp.asarray(0), none)
+        none = Solve(
+            *(
+                jnp.full(s.shape, jnp.inf, s.dtype)
+                for s in (shapes.theta, shapes.W, shapes.history)
+            ),
+            converged=jnp.asarray(False, shapes.converged.dtype),
+            iterations=jnp.asarray(0, shapes.iterations.dtype),
         )
-        params = LayerParams(theta=theta, W=W)
-        return fit_from_history(
-            params, history, done, iters, monitor, info={"starts": starts.astype(history.dtype)}
-        )
+        starts, best = jax.lax.while_loop(needs_another, next_start, (jnp.asarray(0), none))
+        return best.fit(monitor, info={"starts": starts.astype(best.history.dtype)})
 
 
 def reduced_cost(problem: RegressionProblem, theta, ridge) -> tuple[Float[Array, ""], Array]:
@@ -295,19 +296,40 @@ def restricted_system(
     return H, basis.T @ reduced_gradient(problem, theta, W)
 
 
+class Solve(eqx.Module):
+    """One run of :func:`levenberg_marquardt`."""
+
+    theta: Float[Array, "heads dim dim"]
+    W: Float[Array, "heads dim dim"]
+    history: Float[Array, " iterations"]  # cost after each iteration, held once stopped
+    converged: Bool[Array, ""]
+    iterations: Int[Array, ""]  # iterations done
+
+    @property
+    def cost(self) -> Float[Array, ""]:
+        """The final reduced cost."""
+        return self.history[-1]
+
+    def fit(self, monitor: Monitor | None = None, info=None, estimates=None) -> Fit:
+        """This solve as a learner's :class:`~mhalearn.learners.base.Fit`."""
+        params = LayerParams(theta=self.theta, W=self.W)
+        return fit_from_history(
+            params, self.history, self.converged, self.iterations, monitor, info, estimates
+        )
+
+
 def levenberg_marquardt(
     problem: RegressionProblem,
     theta0,
     config: VarProConfig,
     basis: Float[Array, "params coefficients"] | None = None,
-):
+) -> Solve:
     """LM on the reduced cost from ``theta0``; with ``basis`` (columns in flattened-Θ space),
     the steps stay in its span (Θ − Θ₀ ∈ span(basis)), their system from
     :func:`restricted_system` (in the problem's precision: ``products`` applies to the full
     system only).
 
-    Returns (Θ, W, cost after each iteration — held at its last value once stopped —,
-    converged, iterations done).
+    Returns the :class:`Solve`.
     """
     size = jnp.mean(problem.Y**2)
     cost0, W0 = reduced_cost(problem, theta0, config.ridge)
@@ -374,7 +396,7 @@ def levenberg_marquardt(
     mu0 = jnp.asarray(config.damping, theta0.dtype)
     init = (0, theta0, W0, cost0, mu0, history0, cost0 <= config.tol * size, 0, 0)
     _, theta, W, _, _, history, done, iters, _ = jax.lax.while_loop(running, step, init)
-    return theta, W, history, done, iters
+    return Solve(theta=theta, W=W, history=history, converged=done, iterations=jnp.asarray(iters))
 
 
 register_learner(

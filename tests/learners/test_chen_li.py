@@ -18,6 +18,15 @@ from mhalearn.metrics.recovery import (
 CONFIG = cl.ChenLiConfig()
 
 
+def estimate_span(key, K, heads, config, point=None, bodies=None) -> cl.SpanEstimate:
+    """The span estimate of ``config.span_method`` with ``config``'s settings."""
+    return cl.span_estimate(key, K, heads, config.span(), config.qp, point, bodies)
+
+
+def astuple(estimate: cl.SpanEstimate):
+    return estimate.basis, estimate.point
+
+
 def teacher_problem(heads, beta=4.0, samples=1000, key=0, dim=8, tokens=4):
     task = mh.RegressionTask(
         teacher=mh.TeacherSpec(heads=heads, dim=dim, tokens=tokens, beta=beta), samples=samples
@@ -37,7 +46,8 @@ def test_row_matches_equal_loop_reference(rng):
     X = rng.choice([-1.0, 1.0], size=(5, 4, 2))  # dim 2: repeated tokens are common
     S = rng.standard_normal((2, 2))
     Y = rng.standard_normal((5, 4, 2))
-    best, res, gap = cl.row_matches(X, Y, S)
+    found = cl.row_matches(X, Y, S)
+    best, res, gap = found.tokens, found.residual, found.gap
     for n, a in itertools.product(range(5), range(4)):
         dist = [np.linalg.norm(Y[n, a] - X[n, b] @ S) for b in range(4)]
         b = int(np.argmin(dist))
@@ -51,7 +61,8 @@ def test_value_matches_equal_loop_reference(rng):
     X = rng.choice([-1.0, 1.0], size=(5, 3, 2))
     W = rng.standard_normal((2, 2, 2))
     Y = rng.standard_normal((5, 3, 2))
-    tokens, res, gap = cl.value_matches(X, Y, W)
+    found = cl.value_matches(X, Y, W)
+    tokens, res, gap = found.tokens, found.residual, found.gap
     for n, a in itertools.product(range(5), range(3)):
         ways = list(itertools.product(range(3), repeat=2))
         dist = [np.linalg.norm(Y[n, a] - X[n, b] @ W[0] - X[n, c] @ W[1]) for b, c in ways]
@@ -73,7 +84,7 @@ def test_head_certificates_are_sound_and_each_body_holds_its_head():
     # split the heads over different tokens (rows K never sees)
     for heads, beta in [(2, 8.0), (3, 8.0)]:
         teacher, problem = teacher_problem(heads, beta)
-        cert = cl.certify_values(problem.X, problem.Y, teacher.W, CONFIG)
+        cert = cl.certify_values(problem.X, problem.Y, teacher.W, CONFIG.certification)
         n, a = np.nonzero(np.asarray(cert.certified))
         assert n.size > 10
         tokens = np.asarray(cert.token)
@@ -83,7 +94,7 @@ def test_head_certificates_are_sound_and_each_body_holds_its_head():
             for h in range(heads):
                 same = np.all(problem.X[i] == problem.X[i, tokens[i, j, h]], axis=-1)
                 assert A[i, h, j][same].sum() >= 1 - CONFIG.delta
-        bodies = cl.head_bodies(jax.random.key(0), problem.X, cert, CONFIG)
+        bodies = cl.head_bodies(jax.random.key(0), problem.X, cert, CONFIG.body)
         assert bodies.G.shape[0] == heads
         for h in range(heads):
             body = jax.tree.map(lambda v, h=h: v[h], bodies)
@@ -112,10 +123,18 @@ def test_head_values_recover_each_heads_values():
     # (dim, tokens, heads, β, samples) = (8, 4, 2, 8, 3000), key 0: from the refined ΣW and
     # random starts about ΣW/2, each head's values to 1e-3 (the heads in either order)
     teacher, problem = teacher_problem(2, beta=8.0, samples=3000)
-    S, _ = cl.refine_sum_w_restarts(
-        jax.random.key(1), problem.X, problem.Y, cl.crude_sum_w(problem.X, problem.Y), CONFIG
+    S0 = cl.crude_sum_w(problem.X, problem.Y)
+    S = cl.refine_sum_w_restarts(jax.random.key(1), problem.X, problem.Y, S0, CONFIG.refinement)
+    found = cl.head_values(
+        jax.random.key(2),
+        problem.X,
+        problem.Y,
+        S.estimate,
+        2,
+        CONFIG.refinement,
+        CONFIG.head_values,
     )
-    W, scores = cl.head_values(jax.random.key(2), problem.X, problem.Y, S, 2, CONFIG)
+    W, scores = found.estimate, found.scores
     assert scores.shape == (CONFIG.values_restarts,)
     errors = mh.metrics.recovery.estimate_errors({"values": W}, teacher, problem.X)
     assert float(errors["values_error"]) < 1e-3
@@ -127,10 +146,10 @@ def test_head_values_recover_each_heads_values():
 @pytest.mark.parametrize("method", cl.HEAD_QUERIES)
 def test_heads_span_methods_need_the_heads_bodies(method):
     teacher, problem = teacher_problem(2, beta=8.0, samples=500)
-    cert = cl.certify(problem.X, problem.Y, teacher.W.sum(0), CONFIG)
-    K = cl.constraints(jax.random.key(0), problem.X, cert, CONFIG)
+    cert = cl.certify(problem.X, problem.Y, teacher.W.sum(0), CONFIG.certification)
+    K = cl.constraints(jax.random.key(0), problem.X, cert, CONFIG.body)
     with pytest.raises(ValueError, match="bodies"):
-        cl.span_estimate(jax.random.key(1), K, 2, cl.ChenLiConfig(span_method=method))
+        estimate_span(jax.random.key(1), K, 2, cl.ChenLiConfig(span_method=method))
 
 
 @pytest.mark.slow
@@ -138,20 +157,20 @@ def test_heads_subsets_is_subsets_in_each_head_body():
     # each head's direction is the one-head "subsets" estimate of its own body, drawn with
     # the head's own key (split from the method's key); at one head, K_1 is K itself
     teacher, problem = teacher_problem(2, beta=8.0, samples=2000)
-    cert = cl.certify_values(problem.X, problem.Y, teacher.W, CONFIG)
-    bodies = cl.head_bodies(jax.random.key(0), problem.X, cert, CONFIG)
+    cert = cl.certify_values(problem.X, problem.Y, teacher.W, CONFIG.certification)
+    bodies = cl.head_bodies(jax.random.key(0), problem.X, cert, CONFIG.body)
     K = cl.constraints(
         jax.random.key(0),
         problem.X,
-        cl.certify(problem.X, problem.Y, teacher.W.sum(0), CONFIG),
-        CONFIG,
+        cl.certify(problem.X, problem.Y, teacher.W.sum(0), CONFIG.certification),
+        CONFIG.body,
     )
     config = cl.ChenLiConfig(span_method="heads_subsets", span_queries=6, qp_iterations=200)
-    basis, _ = cl.span_estimate(jax.random.key(1), K, 2, config, bodies=bodies)
+    basis = estimate_span(jax.random.key(1), K, 2, config, bodies=bodies).basis
     one = dataclasses.replace(config, span_method="subsets")
     keys = jax.random.split(jax.random.key(1), 2)
     own = [
-        cl.span_estimate(keys[h], jax.tree.map(lambda a, h=h: a[h], bodies), 1, one)[0][0]
+        estimate_span(keys[h], jax.tree.map(lambda a, h=h: a[h], bodies), 1, one).basis[0]
         for h in range(2)
     ]
     assert float(largest_principal_angle(jnp.stack(own), basis)) < 1e-6
@@ -168,7 +187,7 @@ def test_certification_is_sound():
     # with the true ΣW, every certified row really has every head on the certified token
     for heads, beta in [(1, 4.0), (2, 8.0), (3, 8.0)]:
         teacher, problem = teacher_problem(heads, beta)
-        cert = cl.certify(problem.X, problem.Y, teacher.W.sum(0), CONFIG)
+        cert = cl.certify(problem.X, problem.Y, teacher.W.sum(0), CONFIG.certification)
         assert int(cert.certified.sum()) > 10
         A = jax.vmap(mh.attention_weights, in_axes=(0, None))(problem.X, teacher.theta)
         n, a = np.nonzero(np.asarray(cert.certified))
@@ -182,7 +201,8 @@ def test_sum_w_refinement_converges_on_documented_case():
     teacher, problem = teacher_problem(2)
     truth = teacher.W.sum(0)
     S0 = cl.crude_sum_w(problem.X, problem.Y)
-    S, history = cl.refine_sum_w(problem.X, problem.Y, S0, CONFIG)
+    found = cl.refine_sum_w(problem.X, problem.Y, S0, CONFIG.refinement)
+    S, history = found.estimate, found.history
     err = lambda s: float(jnp.linalg.norm(s - truth) / jnp.linalg.norm(truth))  # noqa: E731
     assert err(S0) > 1.0 and err(S) < 0.01
     assert history.shape == (CONFIG.refit_rounds, 8, 8)
@@ -219,8 +239,8 @@ def test_min_norm_point_equals_brute_force(seed):
 @pytest.mark.slow
 def test_constraints_are_deduplicated_and_valid():
     teacher, problem = teacher_problem(1, dim=4, tokens=3, samples=400)
-    cert = cl.certify(problem.X, problem.Y, teacher.W.sum(0), CONFIG)
-    K = cl.constraints(jax.random.key(0), problem.X, cert, CONFIG)
+    cert = cl.certify(problem.X, problem.Y, teacher.W.sum(0), CONFIG.certification)
+    K = cl.constraints(jax.random.key(0), problem.X, cert, CONFIG.body)
     kept = np.asarray(K.G)[np.asarray(K.valid)]
     assert len(kept) == len(np.unique(kept, axis=0)) > 0
     assert np.all(np.any(kept != 0, axis=1))
@@ -263,8 +283,9 @@ def test_refinement_restarts_keep_the_lowest_trimmed_residual():
     teacher, problem = teacher_problem(2, key=109)
     truth = teacher.W.sum(0)
     S0 = cl.crude_sum_w(problem.X, problem.Y)
-    single, _ = cl.refine_sum_w(problem.X, problem.Y, S0, CONFIG)
-    best, scores = cl.refine_sum_w_restarts(jax.random.key(9), problem.X, problem.Y, S0, CONFIG)
+    single = cl.refine_sum_w(problem.X, problem.Y, S0, CONFIG.refinement).estimate
+    found = cl.refine_sum_w_restarts(jax.random.key(9), problem.X, problem.Y, S0, CONFIG.refinement)
+    best, scores = found.estimate, found.scores
     score = lambda s: float(cl.trimmed_residual(problem.X, problem.Y, s, CONFIG.quantile_end))  # noqa: E731
     assert score(best) == pytest.approx(float(np.min(scores))) and score(best) <= score(single)
     err = lambda s: float(jnp.linalg.norm(s - truth) / jnp.linalg.norm(truth))  # noqa: E731
@@ -329,12 +350,13 @@ def test_refinement_on_tied_residuals_stays_finite(rng):
     S = rng.integers(-3, 4, size=(4, 4)).astype(float) * 4
     S[:, 0] = 0.0
     Y = X @ S + np.array([0.7, 0.0, 0.0, 0.0])
-    _, res, _ = cl.row_matches(X, Y, S)
+    res = cl.row_matches(X, Y, S).residual
     assert np.all(np.asarray(res) == 0.7)
     config = cl.ChenLiConfig(quantile_start=0.001, quantile_end=0.001, refit_rounds=1)
-    _, history = cl.refine_sum_w(X, Y, jnp.asarray(S), config)
+    history = cl.refine_sum_w(X, Y, jnp.asarray(S), config.refinement).history
     assert np.all(np.isfinite(history))
-    batched, _ = jax.vmap(lambda s: cl.refine_sum_w(X, Y, s, config))(jnp.stack([S, S]))
+    batched = jax.vmap(lambda s: cl.refine_sum_w(X, Y, s, config.refinement))(jnp.stack([S, S]))
+    batched = batched.estimate
     assert np.all(np.isfinite(batched))
 
 
@@ -349,12 +371,13 @@ def test_refinement_leaves_sum_w_when_its_kept_rows_do_not_determine_it(rng, mon
     Y[5:] += 1e-2 * rng.standard_normal(Y[5:].shape)
     config = cl.ChenLiConfig(quantile_start=0.05, quantile_end=0.05, refit_rounds=1)
     err = lambda s: float(np.linalg.norm(s - S_true) / np.linalg.norm(S_true))  # noqa: E731
-    S, _ = cl.refine_sum_w(X, Y, jnp.asarray(S_true), config)
+    S = cl.refine_sum_w(X, Y, jnp.asarray(S_true), config.refinement).estimate
     assert err(S) < 1e-12
-    batched, _ = jax.vmap(lambda s: cl.refine_sum_w(X, Y, s, config))(jnp.stack([S_true] * 2))
+    refine = jax.vmap(lambda s: cl.refine_sum_w(X, Y, s, config.refinement))
+    batched = refine(jnp.stack([S_true] * 2)).estimate
     assert max(err(b) for b in batched) < 1e-12
-    monkeypatch.setattr(cl, "DETERMINED", -1.0)  # no guard: the failure it prevents
-    assert err(cl.refine_sum_w(X, Y, jnp.asarray(S_true), config)[0]) > 0.3
+    monkeypatch.setattr(cl.values, "DETERMINED", -1.0)  # no guard: the failure it prevents
+    assert err(cl.refine_sum_w(X, Y, jnp.asarray(S_true), config.refinement).estimate) > 0.3
 
 
 @pytest.mark.slow
@@ -369,10 +392,10 @@ def test_refinement_keeps_the_true_sum_w_at_one_head_and_sharp_attention():
     truth = teacher.W.sum(0)
     err = lambda s: float(jnp.linalg.norm(s - truth) / jnp.linalg.norm(truth))  # noqa: E731
     config = cl.ChenLiConfig()
-    assert err(cl.refine_sum_w(problem.X, problem.Y, truth, config)[0]) < 1e-6
-    twice = jax.vmap(lambda s: cl.refine_sum_w(problem.X, problem.Y, s, config)[0])(
-        jnp.stack([truth, truth])
-    )
+    assert err(cl.refine_sum_w(problem.X, problem.Y, truth, config.refinement).estimate) < 1e-6
+    twice = jax.vmap(
+        lambda s: cl.refine_sum_w(problem.X, problem.Y, s, config.refinement).estimate
+    )(jnp.stack([truth, truth]))
     assert max(err(s) for s in twice) < 1e-6
 
 
@@ -382,18 +405,19 @@ def test_refinement_restarts_never_keep_a_nan_start(monkeypatch):
     _, problem = teacher_problem(2, samples=200)
     S0 = cl.crude_sum_w(problem.X, problem.Y)
 
-    def fake(X, Y, w, config, rounds=None):
-        return jnp.where(jnp.all(w == S0), jnp.nan, w), None
+    def fake(X, Y, w, settings, rounds=None):
+        return cl.Refined(estimate=jnp.where(jnp.all(w == S0), jnp.nan, w), history=None)
 
-    monkeypatch.setattr(cl, "refine_values", fake)
-    best, scores = cl.refine_sum_w_restarts(jax.random.key(0), problem.X, problem.Y, S0, CONFIG)
+    monkeypatch.setattr(cl.values, "refine_values", fake)
+    found = cl.refine_sum_w_restarts(jax.random.key(0), problem.X, problem.Y, S0, CONFIG.refinement)
+    best, scores = found.estimate, found.scores
     assert np.isnan(scores[0]) and np.all(np.isfinite(scores[1:]))
     assert np.all(np.isfinite(best))
     keys = jnp.stack([jax.random.key(0), jax.random.key(1)])
-    both, _ = jax.vmap(lambda k: cl.refine_sum_w_restarts(k, problem.X, problem.Y, S0, CONFIG))(
-        keys
-    )
-    assert np.all(np.isfinite(both))
+    both = jax.vmap(
+        lambda k: cl.refine_sum_w_restarts(k, problem.X, problem.Y, S0, CONFIG.refinement)
+    )(keys)
+    assert np.all(np.isfinite(both.estimate))
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -455,7 +479,7 @@ def test_min_norm_methods_stay_in_the_span_of_the_normals(method, rng):
     span = np.linalg.qr(rng.standard_normal((6, 2)))[0].T
     K = pinned_body(rng, span, 1.0)
     config = cl.ChenLiConfig(span_method=method, qp_iterations=3000, qp_products=None)
-    basis, point = cl.span_estimate(jax.random.key(0), K, 2, config)
+    basis, point = astuple(estimate_span(jax.random.key(0), K, 2, config))
     np.testing.assert_allclose(basis @ basis.T, np.eye(2), atol=1e-9)
     assert float(largest_principal_angle(span, basis)) < 1e-6
     assert np.all(np.asarray(K.G) @ np.asarray(point) >= 1.0 - 1e-6)  # p is in K
@@ -469,7 +493,7 @@ def test_recession_method_finds_a_cone_pinned_to_a_subspace(rng):
         G=jnp.asarray(G), valid=jnp.ones(10, bool), bound=jnp.asarray(0.0), rows=None
     )
     config = cl.ChenLiConfig(span_method="recession", qp_iterations=3000, qp_products=None)
-    basis, _ = cl.span_estimate(jax.random.key(0), K, 2, config)
+    basis = estimate_span(jax.random.key(0), K, 2, config).basis
     assert float(largest_principal_angle(np.eye(6)[:2], basis)) < 1e-6
 
 
@@ -478,22 +502,22 @@ def test_pure_mode_keeps_the_search_and_the_polish_fits_outside_the_span():
     # (8, 4, 2), β 4, N 1000: inside the true span the pure search recovers the teacher; inside
     # a random 2-D subspace it cannot fit, and only the polished mode's unrestricted polish does
     teacher, problem = teacher_problem(2)
-    cert = cl.certify(problem.X, problem.Y, teacher.W.sum(0), CONFIG)
-    K = cl.constraints(jax.random.key(0), problem.X, cert, CONFIG)
+    cert = cl.certify(problem.X, problem.Y, teacher.W.sum(0), CONFIG.certification)
+    K = cl.constraints(jax.random.key(0), problem.X, cert, CONFIG.body)
     truth = np.linalg.qr(np.asarray(teacher.theta).reshape(2, -1).T)[0].T
     random = np.linalg.qr(np.random.default_rng(0).standard_normal((64, 2)))[0].T
     scale = jnp.asarray(4.0)
     pure = cl.ChenLiConfig(mode="pure", candidates=4, candidate=mh.VarProConfig(iterations=20))
     size = float(jnp.mean(problem.Y**2))
-    found = cl.search_in_span(jax.random.key(1), problem, jnp.asarray(truth), scale, K, pure)
+    found = cl.search_in_span(jax.random.key(1), problem, jnp.asarray(truth), scale, K, pure.search)
     assert bool(found.accepted) and float(found.cost) < 1e-12 * size
     errors = mh.parameter_errors(mh.LayerParams(theta=found.theta, W=found.W), teacher)
     assert float(errors.theta_error_max) < 1e-3
-    off = cl.search_in_span(jax.random.key(1), problem, jnp.asarray(random), scale, K, pure)
+    off = cl.search_in_span(jax.random.key(1), problem, jnp.asarray(random), scale, K, pure.search)
     assert not bool(off.accepted) and float(off.cost) > 1e-3 * size
     assert float(off.cost) == float(off.span_cost)  # no polish after the search
     polished = cl.search_in_span(
-        jax.random.key(1), problem, jnp.asarray(random), scale, K, cl.ChenLiConfig()
+        jax.random.key(1), problem, jnp.asarray(random), scale, K, cl.ChenLiConfig().search
     )
     assert float(polished.cost) < 1e-12 * size < float(polished.span_cost)
 
@@ -528,21 +552,21 @@ def test_float32_span_queries_agree_with_float64(method):
     # but the hit-and-run walk (whose path is chaotic in the rounding), the same span to 1e-3
     # rad; given p, the estimate is unchanged
     teacher, problem = teacher_problem(2, beta=16.0, samples=3000)
-    cert = cl.certify(problem.X, problem.Y, teacher.W.sum(0), CONFIG)
-    K = cl.constraints(jax.random.key(0), problem.X, cert, CONFIG)
+    cert = cl.certify(problem.X, problem.Y, teacher.W.sum(0), CONFIG.certification)
+    K = cl.constraints(jax.random.key(0), problem.X, cert, CONFIG.body)
     low = cl.ChenLiConfig(span_method=method, qp_iterations=300)
     high = dataclasses.replace(low, qp_products=None)
     # "heads" queries the heads' own bodies (here from the true values); the others, K
-    head_cert = cl.certify_values(problem.X, problem.Y, teacher.W, CONFIG)
-    bodies = cl.head_bodies(jax.random.key(0), problem.X, head_cert, CONFIG)
-    basis32, p32 = cl.span_estimate(jax.random.key(1), K, 2, low, bodies=bodies)
-    basis64, p64 = cl.span_estimate(jax.random.key(1), K, 2, high, bodies=bodies)
+    head_cert = cl.certify_values(problem.X, problem.Y, teacher.W, CONFIG.certification)
+    bodies = cl.head_bodies(jax.random.key(0), problem.X, head_cert, CONFIG.body)
+    basis32, p32 = astuple(estimate_span(jax.random.key(1), K, 2, low, bodies=bodies))
+    basis64, p64 = astuple(estimate_span(jax.random.key(1), K, 2, high, bodies=bodies))
     assert p32.dtype == basis32.dtype == jnp.float64
     assert float(jnp.linalg.norm(p32 - p64) / jnp.linalg.norm(p64)) < 1e-4
     if method != "samples":
         assert float(largest_principal_angle(basis64, basis32)) < 1e-3
-    point = cl.k_min_norm_point(K, low)
-    given, _ = cl.span_estimate(jax.random.key(1), K, 2, low, point, bodies)
+    point = cl.k_min_norm_point(K, low.qp)
+    given = estimate_span(jax.random.key(1), K, 2, low, point, bodies).basis
     np.testing.assert_array_equal(given, basis32)
 
 
@@ -646,7 +670,8 @@ def test_slice_points_are_the_nearest_points_of_the_cross_section(seed):
     normal /= np.linalg.norm(normal)
     assert np.all(G @ normal > 0)  # w = 0 is inside the cross-section
     targets = 3.0 * rng.standard_normal((4, 4))
-    w, B = cl.slice_points(K, jnp.asarray(normal), jnp.asarray(targets), 12, 20000)
+    found = cl.slice_points(K, jnp.asarray(normal), jnp.asarray(targets), 12, 20000)
+    w, B = found.points, found.basis
     B = np.asarray(B)
     for got, c in zip(np.asarray(w), targets, strict=True):
         want = brute_nearest(G[valid] @ B, -(G[valid] @ normal), c)
@@ -667,7 +692,7 @@ def test_slice_method_finds_a_widened_wedge():
     G = jnp.asarray(np.array(rows))
     K = cl.Constraints(G=G, valid=jnp.ones(len(rows), bool), bound=jnp.asarray(1.0), rows=None)
     config = cl.ChenLiConfig(span_method="slice", qp_iterations=3000, qp_products=None)
-    basis, point = cl.span_estimate(jax.random.key(0), K, 2, config)
+    basis, point = astuple(estimate_span(jax.random.key(0), K, 2, config))
     np.testing.assert_allclose(basis @ basis.T, np.eye(2), atol=1e-9)
     np.testing.assert_allclose(point, [1, 1, 0, 0, 0, 0], atol=1e-6)
     assert float(largest_principal_angle(np.eye(6)[:2], basis)) < 0.05

@@ -82,9 +82,9 @@ def test_a_stalled_start_stops_early_at_the_same_cost():
     full = varpro.levenberg_marquardt(problem, theta0, varpro.VarProConfig(iterations=40), basis)
     stall = varpro.VarProConfig(iterations=40, stall_tol=1e-9)
     short = varpro.levenberg_marquardt(problem, theta0, stall, basis)
-    assert int(full[4]) == 40 and not bool(full[3])  # ran out its budget, not a fit
-    assert int(short[4]) < 40 and not bool(short[3])  # stopped early, still not a fit
-    np.testing.assert_allclose(short[2][-1], full[2][-1], rtol=1e-6)
+    assert int(full.iterations) == 40 and not bool(full.converged)  # its budget ran out, no fit
+    assert int(short.iterations) < 40 and not bool(short.converged)  # stopped early, still no fit
+    np.testing.assert_allclose(short.cost, full.cost, rtol=1e-6)
 
 
 @pytest.mark.slow
@@ -109,7 +109,7 @@ def test_restarts_keep_the_best_residual(rng):
     singles = [
         varpro.levenberg_marquardt(
             problem, problem.init(jax.random.fold_in(jax.random.key(2), r)).theta, config
-        )[2][-1]
+        ).cost
         for r in range(5)
     ]
     np.testing.assert_allclose(out.trace.loss[-1], min(singles), rtol=1e-12)
@@ -130,11 +130,11 @@ def test_starts_run_one_after_another_until_one_fits():
     )
     assert float(out.info["starts"]) == 1 and bool(out.status.converged)
     # jitted vs eager: ulps, and at the floor (~1e-24 of a start near 1) rounding alone
-    np.testing.assert_allclose(out.trace.loss, first[2], rtol=1e-5, atol=1e-20)
-    np.testing.assert_allclose(out.params.theta, first[0], rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(out.trace.loss, first.history, rtol=1e-5, atol=1e-20)
+    np.testing.assert_allclose(out.params.theta, first.theta, rtol=1e-9, atol=1e-12)
     keys = jnp.stack([key, jax.random.key(3)])
     both = jax.vmap(lambda k: config.fit(k, problem))(keys)
-    np.testing.assert_allclose(both.trace.loss[0], first[2], rtol=1e-5, atol=1e-20)
+    np.testing.assert_allclose(both.trace.loss[0], first.history, rtol=1e-5, atol=1e-20)
     assert np.all(np.asarray(both.info["starts"]) >= 1)
 
 
@@ -157,7 +157,8 @@ def test_a_nan_start_never_beats_a_finite_one(monkeypatch):
     def fake(problem, theta0, config):
         cost = jnp.where(theta0[0, 0, 0] > 0, jnp.nan, 1.0)
         W = jnp.zeros_like(theta0)
-        return theta0, W, jnp.full(config.iterations + 1, cost), jnp.asarray(False), 3
+        history = jnp.full(config.iterations + 1, cost)
+        return varpro.Solve(theta0, W, history, jnp.asarray(False), jnp.asarray(3))
 
     monkeypatch.setattr(varpro, "levenberg_marquardt", fake)
     out = varpro.VarProConfig(iterations=2, restarts=2).fit(key, problem)
