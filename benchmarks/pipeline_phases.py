@@ -36,15 +36,15 @@ import jax.numpy as jnp
 
 import mhalearn as mh
 from mhalearn import draws
-from mhalearn.experiments.sculpt import (
-    Sculpt,
+from mhalearn.experiments.sculpt import Sculpt
+from mhalearn.learners import chen_li as cl
+from mhalearn.learners.chen_li.phases import (
     certify_phase,
     head_bodies_phase,
     search_phase,
     span_phase,
     sum_w_phase,
 )
-from mhalearn.learners import chen_li as cl
 from mhalearn.metrics.recovery import TILT_DIRECTIONS, constraint_tilt
 from mhalearn.solvers import ridge_solve
 

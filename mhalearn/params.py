@@ -7,7 +7,9 @@ rebuilds the PyTree without re-running the checks).
 from __future__ import annotations
 
 import equinox as eqx
-from jaxtyping import Array, Float
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float, PyTree
 
 from mhalearn._validate import check_shapes
 
@@ -53,3 +55,16 @@ class ClassifierParams(eqx.Module):
     @property
     def dim(self) -> int:
         return self.W.shape[-1]
+
+
+def movement(params: PyTree, start: PyTree) -> dict[str, Float[Array, ""]]:
+    """‖θ − θ₀‖_F per parameter field (``movement_W``, ``movement_U``, …), absolute and
+    relative to ‖θ₀‖_F (``inf`` when the field started at zero and moved)."""
+    out = {}
+    pairs = zip(jax.tree_util.tree_leaves_with_path(params), jax.tree.leaves(start), strict=True)
+    for (path, new), old in pairs:
+        name = jax.tree_util.keystr(path, simple=True, separator="_")
+        moved = jnp.linalg.norm((new - old).ravel())
+        out[f"movement_{name}"] = moved
+        out[f"movement_{name}_relative"] = moved / jnp.linalg.norm(old.ravel())
+    return out

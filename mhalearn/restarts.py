@@ -31,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Int, PRNGKeyArray
 
+from mhalearn.batch import Engine
 from mhalearn.learners.base import Fit, Learner, Monitor
 from mhalearn.simulate import Results, simulate, split_sweep
 from mhalearn.tasks import Task
@@ -91,7 +92,8 @@ def simulate_starts(
     *,
     key_ids: np.ndarray | Sequence[int] | None = None,
     keep_params: bool = False,
-    **engine: Any,
+    engine: Engine | None = None,
+    **options: Any,
 ) -> list[Results]:
     """:func:`~mhalearn.simulate.simulate` with up to ``max(starts)`` random starts per
     instance, run as rounds over the instances no start has fitted yet.
@@ -104,8 +106,9 @@ def simulate_starts(
         starts: the budgets, in starts (increasing, each ≥ 1): the results after each.
         key_ids: each instance's key index (default ``0 .. instances−1``).
         keep_params: also return the fitted parameters.
-        **engine: the options of :class:`~mhalearn.batch.Engine`; later rounds keep the
-            first round's vector width.
+        engine: how the instances run (:class:`~mhalearn.batch.Engine`); later rounds keep
+            the first round's vector width.
+        **options: fields of the engine, replacing its own.
 
     Returns:
         One :class:`~mhalearn.simulate.Results` per entry of ``starts``: each instance's kept
@@ -117,6 +120,7 @@ def simulate_starts(
     ladder = [int(s) for s in np.atleast_1d(starts)]
     if not ladder or ladder[0] < 1 or any(b <= a for a, b in itertools.pairwise(ladder)):
         raise ValueError(f"starts: expected increasing integers ≥ 1, received {starts}")
+    engine = Engine.given(engine, **options)
     key_ids = np.arange(instances) if key_ids is None else np.asarray(key_ids)
     # the numbers swept over instances, to hand each round its instances' entries
     swept, fixed = split_sweep({"task": task, "learner": single_start(learner)}, instances)
@@ -136,12 +140,12 @@ def simulate_starts(
                 pending.size,
                 key_ids=key_ids[pending],
                 keep_params=keep_params,
-                **engine,
+                engine=engine,
             )
             # later rounds keep the first round's width: the same compiled program, where a
             # width fitted to fewer instances would compile another
-            if engine.get("vector_width") is None:
-                engine = {**engine, "vector_width": res.attrs.get("vector_width")}
+            if engine.vector_width is None:
+                engine = dataclasses.replace(engine, vector_width=res.attrs.get("vector_width"))
             for name in seconds:
                 seconds[name] += float(res.attrs.get(name, 0.0))
             ran[pending] += 1

@@ -204,7 +204,8 @@ def measure(
     instances: int,
     *,
     key_ids: np.ndarray | Sequence[int] | None = None,
-    **engine: Any,
+    engine: Engine | None = None,
+    **options: Any,
 ) -> Results:
     """``fn(instance_keys(fold_in(key, key_ids[i])), spec_i)`` for every instance i: THE way a
     per-instance computation is batched, whether or not it is a fit (:func:`simulate` is one).
@@ -220,8 +221,9 @@ def measure(
             ``(instances,)`` (instance i sees entry i; the sweep is one compilation).
         instances: how many instances (≥ 1).
         key_ids: each instance's key index (default ``0 .. instances−1``).
-        **engine: the options of :class:`~mhalearn.batch.Engine` (see
+        engine: how the instances run (:class:`~mhalearn.batch.Engine`; see
             :func:`~mhalearn.batch.map_instances`).
+        **options: fields of the engine, replacing its own (:meth:`~mhalearn.batch.Engine.given`).
 
     Returns:
         The per-instance :class:`Results`.
@@ -233,8 +235,8 @@ def measure(
     instances = positive_int("instances", instances)
     key_ids = np.arange(instances) if key_ids is None else np.asarray(key_ids)
     swept, fixed = split_sweep(spec, instances)
-    options = Engine(**engine).kwargs()
-    devs = select_devices(options.pop("devices"))
+    engine = Engine.given(engine, **options)
+    devs = select_devices(engine.devices)
 
     timing: dict[str, float] = {}
     out = map_instances(
@@ -244,9 +246,8 @@ def measure(
         swept,
         {"fn": fn, "spec": fixed},
         key_ids=key_ids,
-        devices=devs,
+        engine=dataclasses.replace(engine, devices=devs),
         stats=timing,
-        **options,
     )
     attrs = {**_about(key, spec, instances), **provenance(devs), **timing}
     steps = out.get("steps")
@@ -287,7 +288,8 @@ def simulate(
     *,
     key_ids: np.ndarray | Sequence[int] | None = None,
     keep_params: bool = False,
-    **engine: Any,
+    engine: Engine | None = None,
+    **options: Any,
 ) -> Results:
     """Draw ``instances`` random instances of ``task``, fit each with ``learner``, score them,
     all in one compiled computation.
@@ -304,8 +306,9 @@ def simulate(
         key_ids: each instance's key index (default ``0 .. instances−1``); repeat ids to give
             several swept hyperparameters the same problems.
         keep_params: also return the fitted parameters (``Results.params``).
-        **engine: the options of :class:`~mhalearn.batch.Engine` (``chunk_size``,
+        engine: how the instances run (:class:`~mhalearn.batch.Engine`: ``chunk_size``,
             ``devices``, ``vector_width``, ``options``, ``progress``).
+        **options: fields of the engine, replacing its own (:meth:`~mhalearn.batch.Engine.given`).
 
     Returns:
         The per-instance :class:`Results`; results never depend on ``chunk_size`` or the
@@ -318,7 +321,7 @@ def simulate(
 
     spec = {"task": task, "learner": learner}
     fit_and_score = _fit_score_and_keep if keep_params else _fit_and_score
-    res = measure(key, fit_and_score, spec, instances, key_ids=key_ids, **engine)
+    res = measure(key, fit_and_score, spec, instances, key_ids=key_ids, engine=engine, **options)
     res.attrs.update(_tolerance(task))
     return res
 

@@ -259,3 +259,61 @@ def growth_fits(
         "better": better,
         "better_share": share,
     }
+
+
+def crossing_thresholds(
+    flags: np.ndarray, log_n: np.ndarray, replicates: int, seed: int
+) -> dict[str, np.ndarray]:
+    """Where the rate of 0/1 ``flags`` (…, points, instances; NaN: missing) crosses one half
+    along ``log_n`` (…, points), per leading index: the rate per point with its Wilson 95%
+    bounds (``rate``, ``rate_lower``, ``rate_upper``), and the crossing N* = exp(x*) of the
+    logistic fit in log N (``threshold``) with a 95% bootstrap interval over instances
+    (``threshold_lower``, ``threshold_upper``; ``replicates`` resamplings drawn from
+    ``seed``), widened to at least the two grid points around a jump from 0 to 1 (every
+    replicate jumps there too: what the grid resolves). ``threshold_replicates``: every
+    replicate's N*, shape (replicates, …)."""
+    shape = flags.shape[:-2]
+    idx = bootstrap_indices(flags.shape[-1], replicates, seed)
+    point = np.full(shape, np.nan)
+    jump = np.full((2, *shape), np.nan)
+    reps = np.full((replicates, *shape), np.nan)
+    hits, trials = np.nansum(flags, axis=-1), np.sum(np.isfinite(flags), axis=-1)
+    low, high = wilson(hits, trials)
+    for at in np.ndindex(shape):
+        x = log_n[at]
+        point[at] = np.exp(logistic_crossing(x, hits[at], trials[at]))
+        jump[(slice(None), *at)] = separated_bracket(x, hits[at], trials[at])
+        k, n = resampled_counts(flags[at], idx)  # flags[at]: (points, instances)
+        reps[(slice(None), *at)] = np.exp(logistic_crossing(x, k, n))
+    lower, upper = percentile_interval(reps)
+    lower, upper = np.fmin(lower, np.exp(jump[0])), np.fmax(upper, np.exp(jump[1]))
+    return {
+        "rate": hits / trials,
+        "rate_lower": low,
+        "rate_upper": high,
+        "threshold": point,
+        "threshold_lower": lower,
+        "threshold_upper": upper,
+        "threshold_replicates": reps,
+    }
+
+
+def growth_table(
+    heads: np.ndarray, ratio: np.ndarray, replicates: np.ndarray, axis: int
+) -> dict[str, np.ndarray]:
+    """:func:`growth_fits` along the heads axis ``axis`` of ``ratio`` (its replicates:
+    ``replicates``, one leading axis more), per index of the other axes: arrays of every
+    number it returns, and ``exponential_better`` (1.0 where the exponential fit is the
+    better one, 0.0 where the power law is, NaN where neither can be fitted)."""
+    shape = ratio.shape[:axis] + ratio.shape[axis + 1 :]
+    names = ("power", "power_lower", "power_upper", "exponential", "exponential_lower")
+    names += ("exponential_upper", "better_share")
+    out = {name: np.full(shape, np.nan) for name in (*names, "exponential_better")}
+    for at in np.ndindex(shape):
+        pick = (*at[:axis], slice(None), *at[axis:])
+        fits = growth_fits(heads, ratio[pick], replicates[(slice(None), *pick)])
+        for name in names:
+            out[name][at] = fits[name]
+        if fits["better"]:
+            out["exponential_better"][at] = fits["better"] == "exponential"
+    return out

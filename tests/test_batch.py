@@ -119,7 +119,7 @@ def test_cpu_groups_are_loops_whose_width_changes_no_bit():
 @pytest.mark.slow
 def test_vmapped_groups_the_accelerators_run_are_bitwise_across_chunk_sizes(monkeypatch):
     """The accelerators' path (a vmapped group), run here on the one CPU device."""
-    monkeypatch.setattr(mh.batch, "_looped", lambda devices: False)
+    monkeypatch.setattr(mh.batch.mapping, "_looped", lambda devices: False)
     runs = [flatten(small_simulation(chunk_size=c, vector_width=4)) for c in (1, 5, None)]
     assert_all_equal(runs)
 
@@ -128,16 +128,18 @@ def test_instance_programs_multiply_float32_in_float32_unless_the_user_configure
     """Traced at "highest" (JAX's default is TensorFloat-32 on recent NVIDIA GPUs); a user's
     own ``jax_default_matmul_precision`` is kept."""
     x = jnp.ones((4, 4), jnp.float32)
-    assert "precision = [HIGHEST, HIGHEST]" in mh.batch._lower(lambda a: a @ a, (x,)).as_text()
+    assert (
+        "precision = [HIGHEST, HIGHEST]" in mh.batch.programs.lower(lambda a: a @ a, (x,)).as_text()
+    )
     with jax.default_matmul_precision("tensorfloat32"):
-        assert "HIGHEST" not in mh.batch._lower(lambda a: a @ a, (x,)).as_text()
+        assert "HIGHEST" not in mh.batch.programs.lower(lambda a: a @ a, (x,)).as_text()
 
 
 @pytest.mark.slow
 def test_the_precision_the_engine_traces_at_changes_no_bit_on_cpu(monkeypatch):
     runs = [flatten(small_simulation())]
     mh.batch.clear_programs()
-    monkeypatch.setattr(mh.batch, "MATMUL_PRECISION", "default")
+    monkeypatch.setattr(mh.batch.programs, "MATMUL_PRECISION", "default")
     runs.append(flatten(small_simulation()))
     assert_all_equal(runs)
 
@@ -527,7 +529,7 @@ def test_a_free_device_pulls_the_groups_a_busy_one_has_not_started():
     and the one dispatched ahead), and the results come back in row order."""
     import threading
 
-    from mhalearn.batch import _pulled
+    from mhalearn.batch.scheduler import pulled
 
     served = {"a": [], "b": []}
     last_done, a_started = threading.Event(), threading.Event()
@@ -548,7 +550,7 @@ def test_a_free_device_pulls_the_groups_a_busy_one_has_not_started():
 
     rows = np.arange(8)
     done = []
-    out = _pulled(
+    out = pulled(
         {d: run(d) for d in "ab"},
         lambda r, d: (r,),
         ["a", "b"],
@@ -564,7 +566,7 @@ def test_a_free_device_pulls_the_groups_a_busy_one_has_not_started():
 
 
 def test_an_error_in_one_devices_group_stops_the_pulling_and_is_raised():
-    from mhalearn.batch import _pulled
+    from mhalearn.batch.scheduler import pulled
 
     calls = []
 
@@ -575,5 +577,5 @@ def test_an_error_in_one_devices_group_stops_the_pulling_and_is_raised():
         return {"x": rows}
 
     with pytest.raises(RuntimeError, match="group 2 failed"):
-        _pulled({d: group for d in "ab"}, lambda r, d: (r,), ["a", "b"], np.arange(64), 1, 64, None)
+        pulled({d: group for d in "ab"}, lambda r, d: (r,), ["a", "b"], np.arange(64), 1, 64, None)
     assert len(calls) < 64  # the remaining groups were not run

@@ -287,9 +287,12 @@ def test_each_study_brings_its_precision_unless_told(tmp_path):
 
 def test_teachers_that_failed_their_checks_are_reported():
     ds = xr.Dataset({"teacher_accepted": ("instance", np.array([1.0, 0.0, np.nan, 0.0]))})
-    (line,) = cli._teacher_report(ds)
+    (line,) = cli.actions._teacher_report(ds)
     assert "2 of 3 instances used a teacher that failed" in line
-    assert cli._teacher_report(xr.Dataset({"teacher_accepted": ("instance", np.ones(3))})) == []
+    assert (
+        cli.actions._teacher_report(xr.Dataset({"teacher_accepted": ("instance", np.ones(3))}))
+        == []
+    )
 
 
 # ---- interrupts ------------------------------------------------------------------------------

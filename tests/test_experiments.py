@@ -315,3 +315,34 @@ def test_every_study_at_tiny_equals_its_stored_dataset(tiny_results, name):
             np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12, err_msg=var)
         else:
             np.testing.assert_array_equal(got, want, err_msg=var)
+
+
+def test_every_study_has_a_figure_and_declares_its_instances_and_seed():
+    from mhalearn.experiments.figures import FIGURES
+
+    assert set(FIGURES) == set(STUDIES)
+    for cls in STUDIES.values():
+        study = cls()
+        assert study.instances >= 1 and isinstance(study.seed, int)
+
+
+def test_a_study_without_its_abstract_parts_is_refused():
+    import dataclasses
+
+    from mhalearn.experiments import Study, register_study
+
+    @dataclasses.dataclass(frozen=True)
+    class NoCells(Study):
+        name = "no_cells"
+        summary = "a study that forgot run_cell"
+        static_axes = ()
+        headline = "x"
+        presets = {"tiny": {}}  # noqa: RUF012 (a class constant, as in every study)
+        instances: int = 2
+        seed: int = 0
+
+    with pytest.raises(ValueError, match="does not implement"):
+        register_study(NoCells)
+    with pytest.raises(TypeError):
+        NoCells()
+    assert "no_cells" not in STUDIES

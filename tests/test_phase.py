@@ -5,6 +5,7 @@ import pytest
 
 from mhalearn import stats
 from mhalearn.experiments import STUDIES
+from mhalearn.experiments.figures import plot
 from mhalearn.experiments.phase import (
     STATISTICAL_DIMS,
     THRESHOLD_DIMS,
@@ -143,7 +144,7 @@ def test_a_dim_study_at_one_head_draws_its_heatmaps_over_dim(tiny_results):
     matplotlib.use("Agg")
     ds = load(tiny_results["phase"][1]).isel(heads=[0])
     dims = xr.concat([ds, ds.assign_coords(dim=[2 * ds["dim"].item()])], "dim")
-    fig = STUDIES["phase"].figure(dims)
+    fig = plot(dims)
     heat = next(ax for ax in fig.axes if ax.get_title() == "recovered")
     assert [t.get_text() for t in heat.get_yticklabels()] == [f"{d}" for d in dims["dim"].values]
     curves = [ax.get_title() for ax in fig.axes if ax.get_title().startswith("recovered vs")]
@@ -327,7 +328,7 @@ def test_the_statistical_thresholds_growth_is_fitted_like_the_computational_ones
 def test_the_heads_figure_draws_a_column_per_family(tiny_results):
     import matplotlib
 
-    from mhalearn.experiments.phase import heads_figure
+    from mhalearn.experiments.figures.phase import heads_figure
 
     matplotlib.use("Agg")
     ds = load(tiny_results["phase"][1])

@@ -6,7 +6,8 @@ import pytest
 import xarray as xr
 
 from mhalearn import plots
-from mhalearn.experiments import STUDIES, plot
+from mhalearn.experiments import STUDIES, figures
+from mhalearn.experiments.figures import plot
 from mhalearn.store import load
 
 matplotlib.use("Agg")
@@ -50,26 +51,27 @@ def test_sample_axes_show_the_values_and_curves_are_told_apart(tiny_results):
 def test_unknown_results_are_refused(tiny_results):
     ds = load(tiny_results["margin"][1])
     ds.attrs["study"] = "nonsense"
-    with pytest.raises(ValueError, match="no known study"):
+    with pytest.raises(ValueError, match="no study with a figure"):
         plot(ds)
-    with pytest.raises(ValueError, match="no known study"):
+    with pytest.raises(ValueError, match="no study with a figure"):
         plot(xr.Dataset())
 
 
 @pytest.mark.slow
 def test_sculpt_figure_draws_the_rows_asked_for_and_refuses_others(tiny_results):
-    from mhalearn.experiments.sculpt import FIGURE_ROWS, Sculpt
+    from mhalearn.experiments.figures.sculpt import FIGURE_ROWS
+    from mhalearn.experiments.figures.sculpt import figure as sculpt_figure
 
     ds = load(tiny_results["sculpt"][1])
     heads = ds.sizes["heads"]
     for rows in (("sigma_w", "truth_in_k"), ("span",), ("theta_error", "recovered")):
-        fig = Sculpt.figure(ds, rows)
+        fig = sculpt_figure(ds, rows)
         assert len(fig.axes) == len(rows) * heads
         texts = " ".join(t.get_text() for t in fig.texts)
         assert f"Row {len(rows)}:" in texts and f"Row {len(rows) + 1}:" not in texts
-    assert len(Sculpt.figure(ds).axes) == len(FIGURE_ROWS) * heads
+    assert len(sculpt_figure(ds).axes) == len(FIGURE_ROWS) * heads
     with pytest.raises(ValueError, match="rows: expected some of"):
-        Sculpt.figure(ds, ("nonsense",))
+        sculpt_figure(ds, ("nonsense",))
 
 
 @pytest.mark.slow
@@ -86,8 +88,6 @@ def test_phase_figure_opens_with_success_curves_and_colour_bars(tiny_results):
 
 def test_max_margin_curves_that_coincide_stay_apart():
     """Two cells with identical values: drawn at shifted steps, one with hollow markers."""
-    from mhalearn.experiments import MaxMargin
-
     steps = np.array([0, 1, 10])
     values = np.broadcast_to(np.linspace(0, 1, 3), (1, 2, 1, 4, 3)).copy()
     trace = (("shape", "attention", "heads", "instance", "step"), values)
@@ -96,7 +96,7 @@ def test_max_margin_curves_that_coincide_stay_apart():
         coords={"shape": ["6x8x10"], "attention": ["cross", "self"], "heads": [1], "step": steps},
     )
     ds.attrs["config"] = "{}"
-    fig = MaxMargin.figure(ds)
+    fig = figures.max_margin.figure(ds)
     lines = [line for line in fig.axes[0].get_lines() if len(line.get_xdata()) == 3]
     assert len({tuple(line.get_xdata()) for line in lines}) == 2
     assert {line.get_markerfacecolor() == "none" for line in lines} == {True, False}

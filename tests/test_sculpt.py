@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from mhalearn.experiments import figures
 from mhalearn.experiments.sculpt import ONSETS, PHASES, onset
 from mhalearn.learners import chen_li as cl
 from mhalearn.store import load
@@ -75,8 +76,6 @@ def test_sculpt_figure_shades_where_k_stops_growing(tiny_results):
     rows K keeps; none where it never does."""
     import matplotlib.pyplot as plt
 
-    from mhalearn.experiments import Sculpt
-
     study, path = tiny_results["sculpt"]
     ds = load(path)
     samples = ds["samples"].values
@@ -84,7 +83,7 @@ def test_sculpt_figure_shades_where_k_stops_growing(tiny_results):
     for first in (1, None):  # full from the second N on; never full
         cut = np.inf if first is None else samples[first]
         ds["info_rows_certified"] = rows * 0 + (ds["samples"] >= cut) * 2.0 * study.max_rows
-        fig = Sculpt.figure(ds)
+        fig = figures.sculpt.figure(ds)
         ax = fig.axes[2 * ds.sizes["heads"]]  # the span row, first column (axes row by row)
         shaded = [p for p in ax.patches if p.get_label().startswith("K full")]
         if first is None:

@@ -1,13 +1,14 @@
 """Built-in studies: frozen specs that run a grid into an ``xarray.Dataset``.
 
-Each study is one module that defines its spec (grid, presets, figure) and registers it with
-:func:`register_study`; ``STUDIES`` maps every registered name to its class, ``DEFAULT`` is
-what ``mhalearn run`` runs without a name. :func:`run_study` runs one (resuming from a store),
-:func:`plot` draws its results; an :class:`Executor` runs its cells as SLURM jobs or local
-processes.
+Each study is one module that defines its spec (grid, presets, variables) and registers it
+with :func:`register_study`; ``STUDIES`` maps every registered name to its class, ``DEFAULT``
+is what ``mhalearn run`` runs without a name. :func:`run_study` runs one (resuming from a
+store); an :class:`Executor` runs its cells as SLURM jobs or local processes. Studies compute
+and never plot: :func:`mhalearn.experiments.figures.plot` draws any study's results with its
+figure module.
 """
 
-from mhalearn.experiments.base import STUDIES, Study, plot, register_study, run_study
+from mhalearn.experiments.base import STUDIES, Study, register_study, run_study
 from mhalearn.experiments.executors import Executor
 from mhalearn.experiments.heads import Heads
 from mhalearn.experiments.margin import Margin
@@ -36,7 +37,6 @@ __all__ = [
     "Sculpt",
     "StepSize",
     "Study",
-    "plot",
     "register_study",
     "run_study",
 ]

@@ -16,6 +16,7 @@ some cells is NaN there (see :func:`merge_cells`).
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import itertools
 import json
@@ -38,9 +39,22 @@ if TYPE_CHECKING:
 
 
 @dataclasses.dataclass(frozen=True)
-class Study:
+class Study(abc.ABC):
     """Base of every study spec. Subclasses set ``name``, ``summary``, ``static_axes`` (each
-    the name of a tuple field) and implement :meth:`run_cell`."""
+    the name of a tuple field), ``headline`` and ``presets`` (at least ``"tiny"``), declare
+    ``instances`` and ``seed`` with their defaults, and implement :meth:`run_cell`. A study
+    computes; its figure is drawn apart (:mod:`mhalearn.experiments.figures`)."""
+
+    @property
+    @abc.abstractmethod
+    def instances(self) -> int:
+        """Random instances per grid point (a field of every study)."""
+
+    @property
+    @abc.abstractmethod
+    def seed(self) -> int:
+        """Root seed: instance i of every grid point draws from fold_in(key(seed), i) (a field
+        of every study)."""
 
     name: ClassVar[str]
     summary: ClassVar[str]
@@ -72,11 +86,6 @@ class Study:
         values = {k: tuple(v) if isinstance(v, list) else v for k, v in config.items()}
         return cls(**{k: v for k, v in values.items() if k in fields})
 
-    @staticmethod
-    def figure(ds):
-        """This study's figure of its results ``ds`` (a matplotlib Figure)."""
-        raise NotImplementedError
-
     def __post_init__(self):
         """Checks every field before any work (:func:`~mhalearn._validate.study_fields`);
         each study adds its stricter checks."""
@@ -89,9 +98,9 @@ class Study:
         values = (getattr(self, axis) for axis in self.static_axes)
         return [dict(zip(self.static_axes, c, strict=True)) for c in itertools.product(*values)]
 
+    @abc.abstractmethod
     def run_cell(self, cell: dict[str, Any], key: jax.Array, engine: Engine):
         """One cell's ``xarray.Dataset`` (vmapped axes, ``instance``, ``step``; no static axes)."""
-        raise NotImplementedError
 
     def summarize(self, ds) -> str:
         """The headline variable per grid point: its mean over instances for a 0/1 flag
@@ -123,32 +132,23 @@ command runs, and any registered since."""
 
 
 def register_study(cls: type[Study]) -> type[Study]:
-    """Make a study known by its ``name`` to :data:`STUDIES` and :func:`plot` (a class
-    decorator); the command runs the built-in ones (:mod:`mhalearn.options`).
+    """Make a study known by its ``name`` to :data:`STUDIES` (a class decorator); the command
+    runs the built-in ones (:mod:`mhalearn.options`). Its figure is registered apart
+    (:func:`~mhalearn.experiments.figures.register_figure`).
 
     Raises:
-        ValueError: the study has no "tiny" preset (the size the tests run), no figure, or
-            its name is taken.
+        ValueError: the study has no "tiny" preset (the size the tests run), leaves an
+            abstract method unimplemented, or its name is taken.
     """
     if "tiny" not in cls.presets:
         raise ValueError(f"study {cls.name!r} needs a 'tiny' preset (the size tests run)")
-    if cls.figure is Study.figure:
-        raise ValueError(f"study {cls.name!r} needs a figure (a staticmethod figure(ds))")
+    if cls.__abstractmethods__:
+        missing = sorted(cls.__abstractmethods__)
+        raise ValueError(f"study {cls.name!r} does not implement {missing}")
     if cls.name in STUDIES and STUDIES[cls.name] is not cls:
         raise ValueError(f"a study named {cls.name!r} is registered already")
     STUDIES[cls.name] = cls
     return cls
-
-
-def plot(ds):
-    """The figure of the study that produced ``ds`` (its ``study`` attribute)."""
-    study = ds.attrs.get("study")
-    if study not in STUDIES:
-        raise ValueError(
-            f"the results carry no known study (attribute study={study!r}); "
-            f"expected one of {sorted(STUDIES)}"
-        )
-    return STUDIES[study].figure(ds)
 
 
 def cell_id(cell: dict[str, Any]) -> str:

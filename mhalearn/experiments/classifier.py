@@ -10,7 +10,6 @@ from typing import Any, Literal
 import jax
 import numpy as np
 
-from mhalearn import plots
 from mhalearn.batch import Engine
 from mhalearn.data import MixtureSpec
 from mhalearn.experiments.base import Study, product_grid, results_dataset
@@ -100,7 +99,7 @@ class ClassifierStudy(Study):
         numbers = task_numbers(values) if task_numbers else {}
         task = self.task(samples, heads, self.noise if noise is None else noise, **numbers)
         learner = self.learner(steps, lr(values), snapshots, log_every, tol)
-        res = simulate(key, task, learner, len(key_ids), key_ids=key_ids, **engine.kwargs())
+        res = simulate(key, task, learner, len(key_ids), key_ids=key_ids, engine=engine)
         return results_dataset(res, axes, self.instances)
 
     def learner(
@@ -126,18 +125,3 @@ class ClassifierStudy(Study):
 
 def as_float(a) -> np.ndarray:
     return np.asarray(a, dtype=float)
-
-
-def classifier_settings(ds) -> str:
-    return plots.settings(
-        ds,
-        (
-            "tokens",
-            "dim",
-            "relevant_fraction",
-            "irrelevant_means",
-            "decoys",
-            "positions",
-            "head_scaling",
-        ),
-    )

@@ -8,13 +8,37 @@ from typing import Any, ClassVar, Literal
 import jax
 import numpy as np
 
-from mhalearn import plots
 from mhalearn.batch import Engine
 from mhalearn.experiments.base import product_grid, register_study, results_dataset
-from mhalearn.experiments.classifier import ClassifierStudy, classifier_settings
+from mhalearn.experiments.classifier import ClassifierStudy
 from mhalearn.metrics import theory
 from mhalearn.problems import ClassifierStart
 from mhalearn.simulate import InstanceKeys, measure
+from mhalearn.variables import Meta, register_variables
+
+#: the NTK-margin study's own variables
+register_variables(
+    {
+        "margin": Meta(
+            "NTK margin γ at θ₀",
+            "γ = 1/√(Σα*) of the hard-margin SVM dual on the NTK Gram matrix (0: not separable).",
+        ),
+        "separable": Meta(
+            "NTK-separable",
+            "1 when the SVM solver certified the NTK features as linearly separable.",
+            flag=True,
+        ),
+        "margin_u": Meta(
+            "NTK margin γ at θ₀, readout features only",
+            "γ of the hard-margin SVM on the Gram matrix of ∂Φ/∂U alone (0: not separable).",
+        ),
+        "separable_u": Meta(
+            "separable by the readout's NTK features",
+            "1 when the SVM solver certified the features ∂Φ/∂U as linearly separable.",
+            flag=True,
+        ),
+    }
+)
 
 Init = Literal["zero", "gaussian", "one_step"]
 #: (w_init, one_step) of each initialisation: W = 0; W Gaussian of scale 1/dim; one GD step
@@ -95,35 +119,5 @@ class Margin(ClassifierStudy):
                 metrics |= {f"margin{suffix}": m.margin, f"separable{suffix}": m.separable}
             return {"metrics": metrics}
 
-        res = measure(key, one, spec, len(key_ids), key_ids=key_ids, **engine.kwargs())
+        res = measure(key, one, spec, len(key_ids), key_ids=key_ids, engine=engine)
         return results_dataset(res, axes, self.instances)
-
-    @staticmethod
-    def figure(ds):
-        """NTK margin at initialisation vs heads, a curve per initialisation (log x), and the
-        share of NTK-separable training sets with Wilson 95% bars."""
-        fig, axes = plots.panels(2, 2)
-        inits, h = ds["init"].values, ds["heads"].values
-        for row, (suffix, what) in enumerate((("", "∂Φ/∂(U, W)"), ("_u", "∂Φ/∂U only"))):
-            for i, init in enumerate(inits):
-                kw = {"shift": plots.shift(i, len(inits)), **plots.style(i)}
-                kw["label"] = str(init) if row == 0 else None
-                plots.band(axes[row, 0], ds[f"margin{suffix}"].sel(init=init), "heads", **kw)
-                plots.rate(axes[row, 1], ds[f"separable{suffix}"].sel(init=init), "heads", **kw)
-            axes[row, 0].set(ylabel=f"NTK margin γ at θ₀, {what}")
-            axes[row, 1].set(ylabel=f"share separable, {what}")
-            axes[row, 1].set_ylim(-0.05, 1.05)
-            for ax in axes[row]:
-                plots.values_axis(ax, h, plots.LABELS["heads"])
-        config = plots.config_of(ds)
-        caption = (
-            f"Left: median over {plots.instances(ds)} random training sets of n = "
-            f"{config.get('samples', '?')} per point (0: not separable), band: interquartile "
-            "range. Right: share separable, bars: Wilson 95% interval. Top: the full NTK "
-            "features; bottom: the readout's alone (at W = 0, the mean-pooled linear model). "
-            "Inits: zero (W = 0), gaussian (W Gaussian), one_step (one GD step of size "
-            f"{config.get('one_step_lr', '?')} from W = 0)."
-        )
-        return plots.finish(
-            fig, "NTK margin at initialisation: " + classifier_settings(ds), caption
-        )

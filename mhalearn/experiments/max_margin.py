@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray
 
-from mhalearn import draws, plots
+from mhalearn import draws
 from mhalearn.batch import Engine
 from mhalearn.experiments.base import Study, register_study, results_dataset
 from mhalearn.kernels import ClassifierSpec
@@ -36,6 +36,74 @@ from mhalearn.metrics.selection import (
 from mhalearn.params import ClassifierParams
 from mhalearn.problems import ClassificationProblem, GivenStart
 from mhalearn.simulate import InstanceKeys, measure
+from mhalearn.variables import Meta, register_variables
+
+#: the attention-SVM study's own variables (metrics.selection computes them)
+register_variables(
+    {
+        "correlation": Meta(
+            "corr(W_t, W_mm), mean over heads",
+            "Mean over heads of ⟨W_t,h, W_mm,h⟩/(‖W_t,h‖_F ‖W_mm,h‖_F), W_mm,h the Frobenius "
+            "attention SVM of the tokens head h selects at the end of training.",
+        ),
+        "correlation_min": Meta(
+            "corr(W_t, W_mm), worst head",
+            "Minimum over heads of ⟨W_t,h, W_mm,h⟩/(‖W_t,h‖_F ‖W_mm,h‖_F).",
+        ),
+        "correlation_end": Meta(
+            "corr(W_T, W_mm) at the last step",
+            "Mean over heads of the correlation of the trained W_h with its attention SVM.",
+        ),
+        "correlation_nuclear_end": Meta(
+            "corr(W_T, W_mm,*) at the last step",
+            "Mean over heads of the correlation of the trained W_h with the nuclear-norm "
+            "attention SVM of the same selected tokens.",
+        ),
+        "svm_fro_nuclear_correlation": Meta(
+            "corr(W_mm, W_mm,*)",
+            "Mean over heads of the correlation between the Frobenius and the nuclear-norm "
+            "attention SVMs (how far apart the two candidate limits are).",
+        ),
+        "selected_weight": Meta(
+            "softmax weight on the selected token",
+            "Mean over samples and heads of the attention weight on the token the head selects "
+            "at the end of training.",
+        ),
+        "selected_weight_end": Meta(
+            "softmax weight on the selected token at the last step",
+            "Mean over samples and heads of the final attention weight on the selected token.",
+        ),
+        "w_norm": Meta("‖W_t‖_F", "Frobenius norm of the key·query matrices of all heads."),
+        "svm_margin": Meta(
+            "attention-SVM margin 1/‖W_mm‖_F",
+            "Mean over heads of the margin 1/‖W_mm,h‖_F of the attention SVM.",
+        ),
+        "svm_gap": Meta(
+            "attention-SVM duality gap",
+            "Largest over heads of the relative duality gap of the Frobenius attention SVM's "
+            "solution (0 at the optimum).",
+            "relative",
+        ),
+        "svm_polished": Meta(
+            "attention SVM solved exactly on its active set",
+            "1 when every head's active-set polish was accepted (feasible, multipliers ≥ 0).",
+            flag=True,
+        ),
+        "svm_worst_margin": Meta(
+            "smallest constraint value of the attention SVM",
+            "min over heads, samples and non-selected tokens of z_iᵀW(x_opt − x_j) at the "
+            "solver's iterate (1: feasible as solved; W_mm is the iterate divided by it).",
+        ),
+        "best_token_share": Meta(
+            "share of selections on the loss-optimal token",
+            "Share of (sample, head) pairs whose selected token maximises y_i v_hᵀx_ij.",
+        ),
+        "heads_agree": Meta(
+            "share of samples where all heads select the same token",
+            "Share of samples whose heads all select the same token at the end of training.",
+        ),
+    }
+)
 
 Attention = Literal["cross", "self"]
 
@@ -235,48 +303,5 @@ class MaxMargin(Study):
             data = draw_instance(keys.problem, n, T, d, heads, attention)
             return selection_path(keys.fit, selection_problem(data), learner, iterations, nuclear)
 
-        res = measure(key, one, learner, self.instances, **engine.kwargs())
+        res = measure(key, one, learner, self.instances, engine=engine)
         return results_dataset(res, {}, self.instances)
-
-    @staticmethod
-    def figure(ds):
-        """Correlation with W_mm vs step (median, interquartile band) per cell; the softmax
-        weight on the selected tokens; the share of instances whose correlation passes 0.99."""
-        fig, axes = plots.panels(1, 3)
-        axes = axes[0]
-        cells = [
-            (s, a, h)
-            for s in ds["shape"].values
-            for a in ds["attention"].values
-            for h in ds["heads"].values
-        ]
-        for i, (s, a, h) in enumerate(cells):
-            sel = ds.sel(shape=s, attention=a, heads=h)
-            # hollow markers every other curve and a small shift along t: cells whose curves
-            # coincide (cross and self attention do, in distribution) stay told apart
-            kw = {**plots.style(i, hollow=i % 2 == 1), "label": f"{s} {a} H={h}"}
-            kw["shift"] = plots.shift(i, len(cells), 0.08)
-            plots.band(axes[0], sel["trace_correlation"], "step", **kw)
-            plots.band(axes[1], sel["trace_selected_weight"], "step", **kw)
-            passed = (sel["trace_correlation"] > 0.99).astype(float)
-            passed = passed.where(np.isfinite(sel["trace_correlation"]))
-            plots.rate(axes[2], passed, "step", **kw)
-        for ax in axes:
-            ax.set_xscale("symlog", linthresh=1)
-            ax.set_xlabel("normalised GD step t")
-        axes[0].set(ylabel="corr(W_t, W_mm), mean over heads")
-        axes[1].set(ylabel="softmax weight on the selected token")
-        axes[2].set(ylabel="share with corr > 0.99")
-        axes[2].set_ylim(-0.05, 1.05)
-        config = plots.config_of(ds)
-        caption = (
-            f"Median over {plots.instances(ds)} random problems per curve, band: interquartile "
-            "range; right: Wilson 95% bars. Shapes n×T×d; cross: a query token per sample, "
-            "self: the first token queries. W alone trained from 0 by normalised GD (steps of "
-            f"length {config.get('lr', '?')}, {config.get('steps', '?')} steps), readouts v_h "
-            "fixed; W_mm: each head's Frobenius attention SVM of the tokens it selects at the "
-            "end (our convention zᵀWx; the paper's W is its transpose). Curves are shifted "
-            "slightly along t, every other one with hollow markers, so that curves that "
-            "coincide stay visible."
-        )
-        return plots.finish(fig, "Attention converges to the attention SVM", caption)

@@ -8,11 +8,34 @@ from typing import Any, ClassVar
 import jax
 import numpy as np
 
-from mhalearn import plots, stats
+from mhalearn import stats
 from mhalearn.batch import Engine
 from mhalearn.experiments.base import register_study
-from mhalearn.experiments.classifier import ClassifierStudy, as_float, classifier_settings
+from mhalearn.experiments.classifier import ClassifierStudy, as_float
 from mhalearn.metrics import theory
+from mhalearn.variables import Meta, register_variables
+
+#: the generalisation study's own variables
+register_variables(
+    {
+        "gap": Meta("generalisation gap", "Test loss minus training loss.", "nats"),
+        "stability_proxy": Meta(
+            "stability proxy (η/n)·Σ_t L̂(θ_t)",
+            "Step size over samples times the sum of training losses over the steps.",
+            "nats",
+        ),
+        "proxy_bounds_gap": Meta(
+            "stability proxy bounds the gap",
+            "1 when the generalisation gap is at most the stability proxy (η/n)·Σ_t L̂(θ_t).",
+            flag=True,
+        ),
+        "test_loss_slope": Meta(
+            "fitted slope of the test loss in n",
+            "Least-squares slope of log(median test loss) vs log n over the sample sizes "
+            "(theory under separability: −1); bounds: 95% bootstrap interval over instances.",
+        ),
+    }
+)
 
 
 @register_study
@@ -99,60 +122,3 @@ class Samples(ClassifierStudy):
         for i, suffix in enumerate(("", "_lower", "_upper")):
             ds[f"test_loss_slope{suffix}"] = ("heads", np.array([f[i] for f in fits]))
         return ds
-
-    @staticmethod
-    def figure(ds):
-        """Test loss vs samples (log–log, with an n^(−1) guide), and the generalisation gap
-        beside the stability proxy, a curve per head count."""
-        fig, axes = plots.panels(1, 3)
-        n = ds["samples"].values
-        hs = ds["heads"].values
-        for i, h in enumerate(hs):
-            one = ds.sel(heads=h)
-            at = plots.shift(i, len(hs))
-            slope = (
-                f", slope {float(one['test_loss_slope']):.2f} "
-                f"[{float(one['test_loss_slope_lower']):.2f}, "
-                f"{float(one['test_loss_slope_upper']):.2f}]"
-                if "test_loss_slope" in one
-                else ""
-            )
-            plots.band(
-                axes[0, 0],
-                one["test_loss"],
-                "samples",
-                f"H = {h}{slope}",
-                at,
-                **plots.style(i, "-"),
-            )
-            plots.rate(axes[0, 2], one["proxy_bounds_gap"], "samples", None, at, **plots.style(i))
-            plots.band(axes[0, 1], one["gap"], "samples", f"H = {h}", at, **plots.style(i, "-"))
-            proxy = f"H = {h}, stability proxy (right, dashed)"
-            plots.band(
-                axes[0, 1],
-                one["stability_proxy"],
-                "samples",
-                proxy,
-                at,
-                **plots.style(i, "--", True),
-            )
-        first = float(np.nanmedian(plots.median(ds["test_loss"].isel(samples=0))))
-        plots.guide(axes[0, 0], n, first, -1.0, "∝ 1/n")
-        axes[0, 0].set(ylabel=plots.label_of(ds, "test_loss"))
-        axes[0, 1].set(ylabel="gap (solid) and stability proxy (dashed)")
-        axes[0, 2].set(ylabel="share of runs with gap ≤ proxy", ylim=(-0.05, 1.05))
-        for ax in axes[0]:
-            plots.values_axis(ax, n, "training samples n")
-        for ax in axes[0, :2]:
-            ax.set_yscale("log")
-        config = plots.config_of(ds)
-        caption = (
-            f"Median over {plots.instances(ds)} random training sets and starts per point, band: "
-            f"interquartile range; shares with Wilson 95% bars; slopes: least squares on the "
-            "log medians, 95% bootstrap interval. Full-batch GD, η = "
-            f"{config.get('lr', '?')}, until the training loss is at most "
-            f"{config.get('target_loss', '?')} (budget {config.get('steps', '?')} steps); gap = "
-            "test loss − training loss (points where it is negative are not drawn on the log "
-            "axis)."
-        )
-        return plots.finish(fig, "Generalisation vs samples: " + classifier_settings(ds), caption)

@@ -21,25 +21,89 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Sequence
 from typing import Any, ClassVar, NamedTuple
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 import xarray as xr
 
-from mhalearn import plots, stats
+from mhalearn import stats
 from mhalearn._validate import choice
 from mhalearn.batch import Engine
 from mhalearn.experiments.base import Study, product_grid, register_study, results_dataset
 from mhalearn.learners import chen_li as cl
+from mhalearn.learners.chen_li.phases import (
+    certify_phase,
+    search_phase,
+    span_phase,
+    sum_w_phase,
+)
 from mhalearn.learners.varpro import VarProConfig
-from mhalearn.metrics.recovery import TILT_DIRECTIONS
 from mhalearn.simulate import simulate
 from mhalearn.tasks import RegressionTask
 from mhalearn.teachers import TeacherSpec
+from mhalearn.variables import Meta, register_pattern, register_variables
+
+#: the sculpt study's own variables
+register_variables(
+    {
+        "false_accept": Meta(
+            "false accept",
+            "1 when the certificate accepted a fit that does not recover the teacher.",
+            flag=True,
+        ),
+        "false_reject": Meta(
+            "false reject",
+            "1 when the certificate rejected a fit that recovers the teacher.",
+            flag=True,
+        ),
+        "parameter_error": Meta(
+            "parameter error ε",
+            "The larger of the largest relative errors of a matched Θ_i and of a matched W_i: "
+            "recovery within ε.",
+        ),
+        "error_rate": Meta(
+            "rate of ε in N",
+            "Slope of log(median parameter error ε over teachers) on log N, least squares over "
+            "the N of the grid.",
+        ),
+        "error_reach": Meta(
+            "N where the fitted ε reaches the success tolerance",
+            "Where the power law fitted to the median ε reaches ε = success_tol (inf: the fit "
+            "does not decrease).",
+        ),
+        "span_rate": Meta(
+            "rate of the span angle in N",
+            "Slope of log(median angle of the span estimate (phase 4) over teachers) on log N, "
+            "least squares over the N of the grid.",
+        ),
+        "phase_seconds": Meta(
+            "seconds per teacher",
+            "Wall seconds per teacher of each phase of the pipeline, each phase compiled "
+            "beforehand, over a few teachers of the cell.",
+            "s",
+        ),
+    }
+)
+
+register_pattern(
+    r"onset_(?P<phase>\w+)$",
+    lambda found: Meta(
+        f"onset of {found['phase'].replace('_', ' ')}",
+        "Smallest N of the grid from which the phase's criterion (ONSETS) holds at every larger "
+        "N; NaN if not by the largest.",
+    ),
+)
+register_pattern(
+    r"span_angle_(?P<method>\w+)$",
+    lambda found: Meta(
+        f"span angle, {found['method']}",
+        "Largest principal angle from span{Θ_i} to the span estimated by the method "
+        f"{found['method']!r} from the same K (phase 4).",
+        "rad",
+    ),
+)
 
 #: the phases timed, in pipeline order
 PHASES = ("sum_w", "certify", "span", "search")
@@ -96,44 +160,6 @@ def _timed(fn, *args):
     return out, time.perf_counter() - start
 
 
-# the phases, each compiled on its own for timing (the study's run compiles them as one;
-# benchmarks/pipeline_phases.py times them too)
-@eqx.filter_jit
-def sum_w_phase(key, problem, config):
-    """Phases 1–2: the refined ΣW."""
-    X, Y = problem.X, problem.Y
-    return cl.refine_sum_w_restarts(key, X, Y, cl.crude_sum_w(X, Y), config.refinement).estimate
-
-
-@eqx.filter_jit
-def certify_phase(key, problem, S, config):
-    """Phase 3: the certificate and K."""
-    cert = cl.certify(problem.X, problem.Y, S, config.certification)
-    return cl.constraints(key, problem.X, cert, config.body)
-
-
-@eqx.filter_jit
-def span_phase(key, K, heads, config, point=None, bodies=None):
-    """Phase 4: the span estimate of ``config.span_method`` (basis, K's min-norm point), the
-    point computed when not given (``bodies``: the heads' own bodies, for the methods of
-    ``HEAD_QUERIES``)."""
-    return cl.span_estimate(key, K, heads, config.span(), config.qp, point, bodies)
-
-
-@eqx.filter_jit
-def head_bodies_phase(key, problem, S, heads, config):
-    """The heads' methods' own phase: each head's values, its certified rows and its
-    body K_i (as :meth:`~mhalearn.learners.chen_li.ChenLiConfig.fit` draws them)."""
-    return cl.heads_phase(key, key, problem.X, problem.Y, S, heads, config).bodies
-
-
-@eqx.filter_jit
-def search_phase(key, problem, basis, point, K, config):
-    """Phase 5: the search inside the span."""
-    problem = cl.search_problem(problem, config.search_samples)
-    return cl.search_in_span(key, problem, basis, jnp.linalg.norm(point), K, config.search)
-
-
 def onset(values: np.ndarray, samples: np.ndarray, holds) -> float:
     """The smallest of ``samples`` (ascending, the last axis of ``values``) from which
     ``holds(value)`` is true at it and at every larger one; NaN when it fails at the largest."""
@@ -141,10 +167,6 @@ def onset(values: np.ndarray, samples: np.ndarray, holds) -> float:
     tail = np.flip(np.logical_and.accumulate(np.flip(ok, -1), axis=-1), -1)
     first = np.argmax(tail, axis=-1)
     return np.where(tail.any(-1), np.asarray(samples, float)[first], np.nan)
-
-
-FIGURE_ROWS: tuple[str, ...] = ("sigma_w", "truth_in_k", "span", "theta_error", "recovered")
-"""The rows :meth:`Sculpt.figure` can draw, in their order."""
 
 
 @register_study
@@ -248,7 +270,7 @@ class Sculpt(Study):
     def run_cell(self, cell: dict[str, Any], key: jax.Array, engine: Engine):
         values, key_ids = product_grid({"beta": self.beta}, self.instances)
         task = self.task(cell, values["beta"])
-        res = simulate(key, task, self.learner(), len(key_ids), key_ids=key_ids, **engine.kwargs())
+        res = simulate(key, task, self.learner(), len(key_ids), key_ids=key_ids, engine=engine)
         ds = results_dataset(res, {"beta": self.beta}, self.instances)
         ds = ds.drop_vars([v for v in ds.data_vars if str(v).startswith("trace_")])
         ds = ds.drop_dims("step", errors="ignore")
@@ -350,103 +372,3 @@ class Sculpt(Study):
             f"ε = {self.success_tol:g} (inf: never); span: the angle of the span estimate "
             f"(phase 4):\n{power}"
         )
-
-    @staticmethod
-    def figure(ds, rows: Sequence[str] = FIGURE_ROWS):
-        """The ``rows`` (a subset of :data:`FIGURE_ROWS`, in that order; all by default), a
-        column per head count: ``"sigma_w"``, the refined (and crude) ΣW error;
-        ``"truth_in_k"``, the truth inside K; ``"span"``, the span angle of each method (at the
-        middle β) beside K's tilt; ``"theta_error"``, the pure-mode fit's largest matched Θ
-        error; ``"recovered"``, pure-mode recovery and false accepts. Notebook 03 draws the
-        convex phases, the span and the pure mode as three figures."""
-        unknown = [r for r in rows if r not in FIGURE_ROWS]
-        if unknown or not rows:
-            raise ValueError(f"rows: expected some of {FIGURE_ROWS}, received {tuple(rows)}")
-        rows = [r for r in FIGURE_ROWS if r in rows]
-        heads, betas = ds["heads"].values, ds["beta"].values
-        n = ds["samples"].values
-        fig, grid = plots.panels(len(rows), len(heads))
-        axes = dict(zip(rows, grid, strict=True))
-        mid = betas[len(betas) // 2]
-        cap = plots.config_of(ds).get("max_rows", np.inf)
-        shaded = f"K full: median certified rows ≥ {cap}"
-        methods = [m for m in cl.SPAN_METHODS if f"span_angle_{m}" in ds]
-        tol = ds["success"].attrs.get("tolerance", 1e-3)
-        for j, h in enumerate(heads):
-            cell = ds.sel(heads=h)
-            for i, b in enumerate(betas):
-                one = cell.sel(beta=b)
-                kw = {"shift": plots.shift(i, len(betas)), **plots.style(i)}
-                label = f"β = {b:g}"
-                if "sigma_w" in axes:
-                    plots.band(
-                        axes["sigma_w"][j], one["refined_sum_w_error"], "samples", label, **kw
-                    )
-                if "truth_in_k" in axes:
-                    plots.rate(axes["truth_in_k"][j], one["truth_in_k"], "samples", label, **kw)
-                if "theta_error" in axes:
-                    plots.band(
-                        axes["theta_error"][j], one["theta_error_max"], "samples", label, **kw
-                    )
-                if "recovered" in axes:
-                    plots.rate(axes["recovered"][j], one["success"], "samples", label, **kw)
-                    false = {**kw, "linestyle": ":", "markerfacecolor": "none"}
-                    plots.rate(axes["recovered"][j], one["false_accept"], "samples", "_", **false)
-            one = cell.sel(beta=mid)
-            if "sigma_w" in axes:
-                ax = axes["sigma_w"][j]
-                crude = f"crude M₀ (β = {mid:g})"
-                plots.band(ax, one["crude_sum_w_error"], "samples", crude, color="k", linestyle=":")
-                ax.set(ylabel="ΣW relative error", yscale="log")
-            if "truth_in_k" in axes:
-                axes["truth_in_k"][j].set(ylabel="truth inside K (share)", ylim=(-0.05, 1.05))
-            if "span" in axes:
-                ax = axes["span"][j]
-                for i, method in enumerate(methods):
-                    kw = {"shift": plots.shift(i, len(methods)), **plots.style(i + 3)}
-                    angle = one[f"span_angle_{method}"]
-                    plots.band(ax, angle, "samples", f"span: {method}", **kw)
-                if "k_tilt" in one:
-                    plots.band(ax, one["k_tilt"], "samples", "K's tilt at the heads", color="k")
-                full = n[one["info_rows_certified"].median("instance").values >= cap]
-                if full.size:  # K holds the first max_rows certified rows: it stops growing
-                    ax.axvspan(full.min(), n.max() * 2, color="0.9", zorder=0, label=shaded)
-                ax.axhline(0.1, color="k", linestyle="--", linewidth=0.8)
-                ax.set(ylabel=f"span angle, rad (β = {mid:g})", ylim=(0, np.pi / 2 + 0.05))
-            if "theta_error" in axes:
-                axes["theta_error"][j].axhline(tol, color="k", linestyle="--", linewidth=0.8)
-                axes["theta_error"][j].set(ylabel="pure mode: largest Θ_i error", yscale="log")
-            if "recovered" in axes:
-                ax = axes["recovered"][j]
-                ax.set(ylabel="pure mode: recovered (share)", ylim=(-0.05, 1.05))
-            grid[0, j].set_title(f"heads m = {h}")
-            for ax in grid[:, j]:
-                plots.values_axis(ax, n, plots.LABELS["samples"])
-        config = plots.config_of(ds)
-        said = {
-            "sigma_w": "median relative error of the refined ΣW (crude M₀ dotted), band: "
-            "interquartile range.",
-            "truth_in_k": "share of teachers whose every head satisfies every constraint of K "
-            "(Wilson 95% bars).",
-            "span": "median largest principal angle from span{Θ_i} to each method's span "
-            "estimate, from the same K, band: IQR; black: how far a true head can tilt inside "
-            "K in a random direction orthogonal to the span (median over heads and "
-            f"{TILT_DIRECTIONS} directions) — K's resolution at the heads, which a span "
-            "estimate from K alone cannot be expected to beat; dashed: the 0.1-rad target; "
-            "grey: the N where the median teacher certifies at least the max_rows rows K keeps "
-            "(the first ones), so that K stops growing with N.",
-            "theta_error": "pure mode (the search inside the span by "
-            f"{config.get('span_method', '?')}, {config.get('candidates', '?')} candidates × "
-            f"20 LM iterations on the first {config.get('search_samples', '?')} samples, W by "
-            "least squares, no unrestricted polish): median largest relative error of a "
-            "matched Θ_i (band: IQR; dashed: the success tolerance — a fit inside an estimated "
-            "span is no closer to Θ than the span is).",
-            "recovered": "pure mode: the share of teachers recovered (solid) and of false "
-            "accepts (dotted, open markers), Wilson bars.",
-        }
-        parts = [f"Row {k}: {said[r]}" for k, r in enumerate(rows, start=1)]
-        caption = f"{plots.instances(ds)} teachers per point. " + " ".join(parts)
-        title = "Certify-and-sculpt (a reconstruction), phase by phase: " + plots.settings(
-            ds, ("dim", "tokens", "max_rows")
-        )
-        return plots.finish(fig, title, caption)

@@ -12,12 +12,79 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mhalearn import plots, stats
+from mhalearn import stats
 from mhalearn.batch import Engine
 from mhalearn.experiments.base import product_grid, register_study, results_dataset
-from mhalearn.experiments.classifier import ClassifierStudy, classifier_settings
+from mhalearn.experiments.classifier import ClassifierStudy
 from mhalearn.metrics import theory
 from mhalearn.simulate import InstanceKeys, measure
+from mhalearn.variables import Meta, register_variables
+
+#: the step-size study's own variables
+register_variables(
+    {
+        "largest_stable_lr": Meta(
+            "largest stable step size η",
+            "The stable end of the bisection bracket in log η after `halvings` halvings: GD "
+            "stays finite and its training loss never rises by more than rise_tol relative over "
+            "`steps` steps (0: lr_low unstable; lr_high: lr_high stable).",
+        ),
+        "smallest_unstable_lr": Meta(
+            "smallest unstable step size found",
+            "The unstable end of the bisection bracket (inf when lr_high was stable).",
+        ),
+        "lr_censored": Meta(
+            "step size outside the bracket",
+            "1 when lr_high was stable or lr_low unstable (the edge lies outside the bracket).",
+            flag=True,
+        ),
+        "loss_star": Meta(
+            "training loss at the largest stable η",
+            "Training loss of full-batch GD at the instance's own largest stable step size.",
+            "nats",
+        ),
+        "loss_fixed": Meta(
+            "training loss at the fixed η",
+            "Training loss of full-batch GD at the study's fixed_lr.",
+            "nats",
+        ),
+        "rate_star": Meta(
+            "fitted rate of the training loss at the largest stable η",
+            "Least-squares slope of log L̂ vs log t over the logged steps t >= rate_from · "
+            "train_steps, at the instance's own largest stable step size (theory: −1).",
+        ),
+        "rate_fixed": Meta(
+            "fitted rate of the training loss at the fixed η",
+            "Least-squares slope of log L̂ vs log t over the logged steps t >= rate_from · "
+            "train_steps, at fixed_lr (theory: −1).",
+        ),
+        "theory_loss_star": Meta(
+            "theory's level 1/(ηTγ²) at the largest stable η",
+            "1/(η·T·γ²) with η the instance's largest stable step, T = train_steps and γ its NTK "
+            "margin at θ₀ (NaN when not separable); the theory bounds L̂_T by this up to "
+            "constants and logarithms.",
+            "nats",
+        ),
+        "theory_loss_fixed": Meta(
+            "theory's level 1/(ηTγ²) at the fixed η",
+            "1/(η·T·γ²) with η = fixed_lr, T = train_steps and γ the NTK margin at θ₀ (NaN when "
+            "not separable).",
+            "nats",
+        ),
+        "hessian_norm": Meta(
+            "‖∇²L̂(θ₀)‖", "Spectral norm of the training loss's Hessian at the start (Lanczos)."
+        ),
+        "score_hessian_norm": Meta(
+            "‖∇²Φ(X; θ₀)‖",
+            "Mean over the first score_samples training sequences of the spectral norm of the "
+            "score's Hessian at the start.",
+        ),
+        "weak_convexity": Meta(
+            "weak-convexity ratio −λ_min(∇²L̂)/L̂",
+            "−λ_min(∇²L̂(θ₀)) / L̂(θ₀) at the start (Lanczos).",
+        ),
+    }
+)
 
 
 @register_study
@@ -182,7 +249,7 @@ class StepSize(ClassifierStudy):
             trace = {"loss_star": run_star.trace.loss, "loss_fixed": run_fixed.trace.loss}
             return {"metrics": metrics, "trace": trace, "steps": run_star.trace.steps}
 
-        res = measure(key, one, spec, len(key_ids), key_ids=key_ids, **engine.kwargs())
+        res = measure(key, one, spec, len(key_ids), key_ids=key_ids, engine=engine)
         return results_dataset(res, axes, self.instances)
 
     def derive(self, ds):
@@ -195,90 +262,6 @@ class StepSize(ClassifierStudy):
             )
             ds[f"theory_loss_{run}"] = 1.0 / (lr * T * margin**2)
         return ds
-
-    @staticmethod
-    def figure(ds):
-        """Top: the largest stable step vs heads; the Hessian norms at θ₀ with a 1/√H guide;
-        the weak-convexity ratio. Bottom: training-loss curves per head count at each
-        instance's own largest stable step and at the fixed step; their fitted rates vs heads
-        with 95% bootstrap intervals of the median, beside the theory's −1."""
-        fig, axes = plots.panels(2, 3)
-        h = ds["heads"].values
-        config = plots.config_of(ds)
-        plots.band(
-            axes[0, 0], ds["largest_stable_lr"], "heads", label="largest stable η", **plots.style(0)
-        )
-        norm = plots.median(ds["hessian_norm"])
-        axes[0, 0].plot(h, 2 / norm, label="2 / median ‖∇²L̂(θ₀)‖", **plots.style(1))
-        axes[0, 0].set(ylabel=plots.LABELS["lr"])
-        plots.band(
-            axes[0, 1], ds["hessian_norm"], "heads", label="‖∇²L̂(θ₀)‖ (loss)", **plots.style(2)
-        )
-        plots.band(
-            axes[0, 1],
-            ds["score_hessian_norm"],
-            "heads",
-            label="‖∇²Φ(X; θ₀)‖ (score)",
-            **plots.style(3),
-        )
-        plots.guide(axes[0, 1], h, float(plots.median(ds["score_hessian_norm"])[0]), -0.5, "∝ 1/√H")
-        axes[0, 1].set(ylabel="Hessian spectral norm at θ₀")
-        plots.band(
-            axes[0, 2], ds["weak_convexity"], "heads", label="−λ_min(∇²L̂)/L̂ at θ₀", **plots.style(4)
-        )
-        plots.guide(
-            axes[0, 2], h, float(np.abs(plots.median(ds["weak_convexity"])[0])), -0.5, "∝ 1/√H"
-        )
-        axes[0, 2].set(ylabel=plots.label_of(ds, "weak_convexity"))
-        for ax in axes[0]:
-            plots.values_axis(ax, h, plots.LABELS["heads"])
-            ax.set_yscale("log")
-        fixed = config.get("fixed_lr", "?")
-        for ax, run, what in (
-            (axes[1, 0], "star", "at each instance's largest stable η"),
-            (axes[1, 1], "fixed", f"at η = {fixed}"),
-        ):
-            curves = ds[f"trace_loss_{run}"].isel(step=slice(1, None))
-            for i, heads in enumerate(h):
-                plots.band(
-                    ax, curves.sel(heads=heads), "step", label=f"H = {heads}", **plots.style(i)
-                )
-            ax.set(xscale="log", yscale="log", xlabel=plots.LABELS["step"], ylabel="training loss")
-            ax.set_title(what, fontsize="medium")
-        for i, run in enumerate(("star", "fixed")):
-            mid, lo, hi = stats.median_interval(
-                ds[f"rate_{run}"].transpose("heads", "instance").values
-            )
-            label = "own largest stable η" if run == "star" else f"η = {fixed}"
-            axes[1, 2].errorbar(
-                h * plots.shift(i, 2),
-                mid,
-                yerr=[mid - lo, hi - mid],
-                capsize=3,
-                label=label,
-                **plots.style(i),
-            )
-        axes[1, 2].axhline(-1, color="k", ls=":", label="theory: −1")
-        axes[1, 2].set(ylabel="fitted rate d log L̂ / d log t")
-        plots.values_axis(axes[1, 2], h, plots.LABELS["heads"])
-        caption = (
-            f"Median over {plots.instances(ds)} random problems per head count, band: "
-            "interquartile range; rates: 95% bootstrap interval of the median. A step size is "
-            f"stable when {config.get('steps', '?')} full-batch steps never raise the training "
-            "loss (by more than rise_tol, relative) and stay finite; the largest one is found "
-            f"per instance by {config.get('halvings', '?')} halvings of "
-            f"[{config.get('lr_low', '?')}, {config.get('lr_high', '?')}] in log η. Curves: "
-            f"{config.get('train_steps', '?')} steps; rates fitted from step "
-            f"{config.get('rate_from', 0) * config.get('train_steps', 0):g} on. Extreme "
-            f"eigenvalues by {config.get('lanczos_matvecs', '?')} Lanczos steps on "
-            "Hessian-vector products; the score's norm is averaged over "
-            f"{config.get('score_samples', '?')} training sequences."
-        )
-        title = (
-            f"Step size, convergence and curvature vs heads: samples {config.get('samples', '?')}, "
-            + classifier_settings(ds)
-        )
-        return plots.finish(fig, title, caption)
 
 
 def loss_rate(trace, start: float) -> np.ndarray:

@@ -34,7 +34,7 @@ from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree
 from mhalearn._validate import choice, in_range, positive_int
 from mhalearn.learners.base import Fit, Monitor, Status, Trace
 from mhalearn.learners.registry import register_learner
-from mhalearn.metrics.theory import movement
+from mhalearn.params import movement
 from mhalearn.problems import ClassificationProblem, RegressionProblem, prepared, start_point
 
 OptimizerName = Literal["gd", "momentum", "adam", "normalized_gd"]

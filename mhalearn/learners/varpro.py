@@ -21,19 +21,19 @@ from __future__ import annotations
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
 from mhalearn._validate import choice, in_range, positive_int
-from mhalearn.kernels import attention_weights
-from mhalearn.layer import layer_outputs
 from mhalearn.learners.base import Fit, Monitor, fit_from_history, nan_last
-from mhalearn.learners.linear import design, values_and_residual
+from mhalearn.learners.reduced import (
+    gauss_newton_system,
+    reduced_cost,
+    reduced_gradient,
+    restricted_system,
+)
 from mhalearn.learners.registry import register_learner
-from mhalearn.losses import mean_square
 from mhalearn.params import LayerParams
 from mhalearn.problems import RegressionProblem, start_point
-from mhalearn.solvers import ridge_solve
 
 #: iterations in a row without a relative decrease above ``stall_tol`` that stop a start
 STALL_PATIENCE = 3
@@ -125,177 +125,6 @@ class VarProConfig(eqx.Module):
         return best.fit(monitor, info={"starts": starts.astype(best.history.dtype)})
 
 
-def reduced_cost(problem: RegressionProblem, theta, ridge) -> tuple[Float[Array, ""], Array]:
-    """The training loss at Θ with W = W*(Θ) (the problem's mean squared error), and W*."""
-    W, residual = values_and_residual(problem.X, problem.Y, theta, ridge)
-    return mean_square(residual), W
-
-
-def _pairs(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The index pairs (a ≤ b) of a symmetric n × n matrix, and for every (a, b) the position
-    of its pair in that list."""
-    a, b = np.triu_indices(n)
-    where = np.zeros((n, n), int)
-    where[a, b] = where[b, a] = np.arange(a.size)
-    return a, b, where
-
-
-def reduced_gradient(problem: RegressionProblem, theta, W) -> Float[Array, " params"]:
-    """J_Kᵀ r at Θ with W = W*(Θ) (flattened Θ), from the layer's gradient with W held: the
-    reduced cost's gradient, since its gradient in W vanishes there."""
-    _, grads = problem.loss_and_grad(LayerParams(theta=theta, W=W))
-    return grads.theta.reshape(-1) * (problem.Y.size / 2)
-
-
-def _sample_chunks(arrays, sample_chunk: int | None):
-    """Each (samples, tokens, dim) array zero-padded to a multiple of the chunk and split into
-    (chunks, chunk, tokens, dim) — the chunk ``sample_chunk`` samples, ``None``: about 512
-    (sample, token) rows — and the chunk size."""
-    n, T, d = arrays[0].shape
-    chunk = min(sample_chunk or max(1, 512 // T), n)
-    pad = jnp.zeros(((-n) % chunk, T, d), arrays[0].dtype)
-    return tuple(jnp.concatenate([a, pad]).reshape(-1, chunk, T, d) for a in arrays), chunk
-
-
-def gauss_newton_system(
-    problem: RegressionProblem,
-    theta,
-    W,
-    sample_chunk: int | None = None,
-    products: str | None = None,
-):
-    """(J_Kᵀ J_K, J_Kᵀ r) of the reduced residual at Θ (W = W*(Θ)), over flattened Θ.
-
-    The Jacobian of F w.r.t. Θ_i[p, q] for one sample is x_t[p]·C_i[t, q, e] with
-    C_i[t] = K_i[t] W_i and K_i[t] = Σ_s A_i[t, s] (x_s − x̄_i[t])(x_s − x̄_i[t])ᵀ the
-    attention-weighted covariance of the tokens (symmetric), x̄_i[t] = Σ_s A_i[t, s] x_s. So
-
-        J_Θᵀ J_Θ[(i,p,q), (j,r,s)] = Σ_(n,t) x_t[p] x_t[r] (C_i[t] C_j[t]ᵀ)[q, s]
-        B[(i,a), e, (j,p,q)]       = Σ_(n,t) x̄_i[t][a] x_t[p] (K_j[t] W_j)[q, e]
-
-    are each one matrix product over the (sample, token) rows, taken between symmetric halves
-    (p ≤ r, heads i ≤ j and q ≤ s within a head for the first, q ≤ b of K for the second):
-    3.7× and 1.9× fewer products than the full tensors at dim 16, two heads; memory O(P²)
-    whatever the number of samples. The design's ZᵀZ is summed over the same rows.
-    ``products="float32"`` computes all but the residual in float32: the matrix only sets the
-    step, and the gradient's relative error of ~1e-7 only slows the last, quadratic iterations
-    by that factor (the residual, and the cost that accepts a step, stay in the problem's
-    precision)."""
-    X, Y = problem.X, problem.Y
-    _, T, d = X.shape
-    m = theta.shape[0]
-    P = theta.size
-    # padding samples are all-zero tokens: their K, x̄, C and residual are exactly zero
-    (Xp, Yp), chunk = _sample_chunks((X, Y), sample_chunk)
-    rows = chunk * T
-    dp, dq, d_pair = _pairs(d)
-    hi, hj, h_pair = _pairs(m)
-    low = X.dtype if products is None else jnp.dtype(products)
-
-    def body(acc, batch):
-        x, y = batch
-        A = jax.vmap(attention_weights, in_axes=(0, None))(x, theta)  # (c, m, T, T)
-        xbar = jnp.einsum("cmts,csa->mcta", A, x)  # the per-head features Φ_i
-        r = jnp.einsum("mcta,mae->cte", xbar, W) - y  # residual: the problem's precision
-        Z = jnp.moveaxis(xbar, 0, 2).reshape(rows, m * d)  # the design's rows
-        ZZ = acc[3] + Z.T @ Z
-        # the rest only sets the step (and the gradient's last digits): ``low`` precision
-        A, x, xbar, r = (a.astype(low) for a in (A, x, xbar, r))
-        K = jnp.einsum("cmts,csq,csa->mctqa", A, x, x) - xbar[..., :, None] * xbar[..., None, :]
-        C = jnp.einsum("mctqa,mae->mctqe", K, W.astype(low)).reshape(m, rows, d, d)
-        G, B, g, _ = acc
-        xr = x.reshape(rows, d)
-        cr = jnp.einsum("mrqe,re->mrq", C, r.reshape(rows, d))
-        g = g + jnp.einsum("rp,mrq->mpq", xr, cr).reshape(P).astype(g.dtype)
-        CC = [
-            jnp.einsum("rqe,rse->rqs", C[i], C[i]).reshape(rows, -1)[:, dp * d + dq]  # q ≤ s
-            if i == j
-            else jnp.einsum("rqe,rse->rqs", C[i], C[j]).reshape(rows, -1)
-            for i, j in zip(hi, hj, strict=True)
-        ]
-        G = G + ((xr[:, dp] * xr[:, dq]).T @ jnp.concatenate(CC, axis=1)).astype(G.dtype)
-        z = (jnp.moveaxis(xbar, 0, 2).reshape(rows, m * d, 1) * xr[:, None]).reshape(rows, -1)
-        Ku = K.reshape(m, rows, d * d)[:, :, dp * d + dq]  # (m, rows, pairs)
-        # (pairs of K) × (features ⊗ x): the short side as the product's rows, which XLA:CPU
-        # runs faster than the transposed product
-        Bt = jnp.moveaxis(Ku, 0, 1).reshape(rows, -1).T @ z
-        B = B + Bt.reshape(B.shape).astype(B.dtype)
-        return (G, B, g, ZZ), None
-
-    pairs = dp.size
-    # G's columns: a block per pair of heads i ≤ j, its (q, s) all d² of them, or q ≤ s
-    # (pairs) when i = j
-    widths = np.where(hi == hj, pairs, d * d)
-    zeros = (
-        jnp.zeros((pairs, widths.sum()), X.dtype),
-        jnp.zeros((m, pairs, m * d * d), X.dtype),
-        jnp.zeros(P, X.dtype),
-        jnp.zeros((m * d, m * d), X.dtype),
-    )
-    (G, B, g, ZZ), _ = jax.lax.scan(body, zeros, (Xp, Yp))
-    B = jnp.moveaxis(B, 2, 0)  # (i,a,p), j, (q,b)
-    # the full tensors back from the halves: G[(i,p,q), (j,r,s)] (from the block (j, i) at
-    # (s, q) when i > j, from (s, q) when i = j and q > s; x_t[p] x_t[r] is symmetric) and
-    # B[(i,a), e, (j,p,q)] = Σ_b B̃[(i,a,p), j, (q,b)] W_j[b, e]
-    i, p, q, j, r, s = np.indices((m, d, d, m, d, d)).reshape(6, -1)
-    q, s = np.where(i > j, s, q), np.where(i > j, q, s)
-    block = h_pair[i, j]
-    column = np.cumsum(widths)[block] - widths[block]
-    column += np.where(i == j, d_pair[q, s], q * d + s)
-    G = G[d_pair[p, r], column].reshape(P, P)
-    B = B.reshape(m * d, d, m, pairs)[..., d_pair]  # (i,a), p, j, q, b
-    B = jnp.einsum("kpjqb,jbe->kejpq", B, W).reshape(m * d, d, P)
-    solved = ridge_solve(ZZ, B.reshape(m * d, -1), 1e-12).reshape(B.shape)
-    # the projection's share, a product of P³ multiply-adds (m·d·d = P): in ``low`` precision
-    correction = jnp.einsum("iep,ieq->pq", B.astype(low), solved.astype(low))
-    return G - correction.astype(G.dtype), g
-
-
-def restricted_system(
-    problem: RegressionProblem,
-    theta,
-    W,
-    basis: Float[Array, "params coefficients"],
-    sample_chunk: int | None = None,
-):
-    """(BᵀJ_KᵀJ_K B, BᵀJ_Kᵀr): :func:`gauss_newton_system` restricted to span(B) (B:
-    ``basis``), from the residual's derivative along each column b of B with W held, J_Θb (one
-    forward-mode pass per column), projected off the range of the design Z:
-
-        BᵀJ_KᵀJ_K B = Σ_e (J_Θ B)_eᵀ(J_Θ B)_e − (Zᵀ(J_Θ B)_e)ᵀ (ZᵀZ)⁻¹ Zᵀ(J_Θ B)_e
-
-    — as many passes as columns instead of the full P × P system, accumulated over
-    ``sample_chunk`` samples at a time (memory independent of the number of samples), in the
-    problem's precision."""
-    X = problem.X
-    d = X.shape[-1]
-    # padding samples are all-zero tokens: their outputs, derivatives and design rows are zero
-    (Xp,), _ = _sample_chunks((X,), sample_chunk)
-    width = theta.shape[0] * d  # columns of the design
-
-    def body(acc, x):
-        def along(b):  # J_Θ b on this chunk, (rows, d)
-            tangent = b.reshape(theta.shape)
-            return jax.jvp(lambda t: layer_outputs(x, t, W), (theta,), (tangent,))[1].reshape(-1, d)
-
-        J = jax.vmap(along, in_axes=1)(basis)  # (columns, rows, d)
-        Z = design(x, theta)  # (rows, width)
-        JJ, ZJ, ZZ = acc
-        JJ = JJ + jnp.einsum("crd,srd->cs", J, J)
-        return (JJ, ZJ + jnp.einsum("rk,crd->kcd", Z, J), ZZ + Z.T @ Z), None
-
-    cols = basis.shape[1]
-    zeros = (
-        jnp.zeros((cols, cols), X.dtype),
-        jnp.zeros((width, cols, d), X.dtype),
-        jnp.zeros((width, width), X.dtype),
-    )
-    (JJ, ZJ, ZZ), _ = jax.lax.scan(body, zeros, Xp)
-    coef = ridge_solve(ZZ, ZJ.reshape(width, -1), 1e-12).reshape(ZJ.shape)
-    H = JJ - jnp.einsum("kcd,ksd->cs", ZJ, coef)
-    return H, basis.T @ reduced_gradient(problem, theta, W)
-
-
 class Solve(eqx.Module):
     """One run of :func:`levenberg_marquardt`."""
 
@@ -332,7 +161,8 @@ def levenberg_marquardt(
     Returns the :class:`Solve`.
     """
     size = jnp.mean(problem.Y**2)
-    cost0, W0 = reduced_cost(problem, theta0, config.ridge)
+    start = reduced_cost(problem, theta0, config.ridge)
+    cost0, W0 = start.cost, start.W
     history0 = jnp.full(config.iterations + 1, cost0)
     # the full system is only as accurate as its ``products``: it is factored in them too
     factor = theta0.dtype if basis is not None or config.products is None else config.products
@@ -348,7 +178,8 @@ def levenberg_marquardt(
         """One damped step from the factorised system: kept only if the reduced cost falls."""
         delta = -jax.scipy.linalg.lu_solve(lu, g.astype(lu[0].dtype)).astype(theta.dtype)
         delta = (delta if basis is None else basis @ delta).reshape(theta.shape)
-        new_cost, new_W = reduced_cost(problem, theta + delta, config.ridge)
+        moved = reduced_cost(problem, theta + delta, config.ridge)
+        new_cost, new_W = moved.cost, moved.W
         better = (new_cost < cost) & jnp.isfinite(new_cost)
         theta = jnp.where(better, theta + delta, theta)
         return better, theta, jnp.where(better, new_W, W), jnp.where(better, new_cost, cost)
@@ -357,9 +188,10 @@ def levenberg_marquardt(
         i, theta, W, cost, mu, history, _, _, stalled = carry
         start_cost = cost
         if basis is None:
-            H, g = gauss_newton_system(problem, theta, W, config.sample_chunk, config.products)
+            system = gauss_newton_system(problem, theta, W, config.sample_chunk, config.products)
         else:
-            H, g = restricted_system(problem, theta, W, basis, config.sample_chunk)
+            system = restricted_system(problem, theta, W, basis, config.sample_chunk)
+        H, g = system.H, system.g
         diag = jnp.diag(H)
         A = H + mu * (diag + 1e-12 * jnp.mean(diag)) * jnp.eye(H.shape[0], dtype=H.dtype)
         lu = jax.scipy.linalg.lu_factor(A.astype(factor))

@@ -6,11 +6,11 @@
   flag — not an exception — when the data are not separable;
 - the extreme eigenvalues of a Hessian by Lanczos on Hessian-vector products: ‖∇²Φ‖, and
   −λ_min(∇²L̂)/L̂;
-- parameter movement ‖θ_t − θ₀‖ (U and W, absolute and relative);
 - the stability proxy (η/n)·Σ_t L̂(θ_t), and whether a run was stable (monotone descent);
 - attention mass on the relevant positions.
 
-Every function is pure and ``vmap``-able.
+Every function is pure and ``vmap``-able. (Parameter movement ‖θ_t − θ₀‖ is a property of
+the parameters: :func:`mhalearn.params.movement`.)
 """
 
 from __future__ import annotations
@@ -208,19 +208,6 @@ def weak_convexity_ratio(
 ) -> Float[Array, ""]:
     """−λ_min(∇²L̂)/L̂ at ``params`` (the self-bounded weak-convexity constant it bounds)."""
     return -hessian_extremes(loss, params, key, matvecs).low / loss(params)
-
-
-def movement(params: PyTree, start: PyTree) -> dict[str, Float[Array, ""]]:
-    """‖θ − θ₀‖_F per parameter field (``movement_W``, ``movement_U``, …), absolute and
-    relative to ‖θ₀‖_F (``inf`` when the field started at zero and moved)."""
-    out = {}
-    pairs = zip(jax.tree_util.tree_leaves_with_path(params), jax.tree.leaves(start), strict=True)
-    for (path, new), old in pairs:
-        name = jax.tree_util.keystr(path, simple=True, separator="_")
-        moved = jnp.linalg.norm((new - old).ravel())
-        out[f"movement_{name}"] = moved
-        out[f"movement_{name}_relative"] = moved / jnp.linalg.norm(old.ravel())
-    return out
 
 
 def stability_proxy(lr: Float[Array, ""], samples: int, loss_sum: Float[Array, ""]):

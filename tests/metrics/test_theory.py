@@ -5,6 +5,7 @@ import scipy.optimize
 
 import mhalearn as mh
 from mhalearn.metrics import theory
+from mhalearn.params import movement
 
 DEFAULT = mh.ClassifierSpec()
 
@@ -192,7 +193,7 @@ def test_relevant_attention_equals_loop_reference(rng):
 def test_movement_and_stability_proxy(rng):
     start = classifier(rng)
     moved = mh.ClassifierParams(W=start.W + 0.1, U=start.U * 2)
-    m = theory.movement(moved, start)
+    m = movement(moved, start)
     np.testing.assert_allclose(m["movement_W"], 0.1 * np.sqrt(start.W.size), rtol=1e-12)
     np.testing.assert_allclose(m["movement_U_relative"], 1.0, rtol=1e-12)
     # the proxy of a full-batch GD run: (η/n)·Σ_t L̂(θ_t) over the losses of its steps, which a
