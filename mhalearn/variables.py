@@ -221,6 +221,25 @@ VARIABLES: dict[str, Meta] = {
         "constraint of K: K's resolution at the heads (0 when a head is outside K).",
         "rad",
     ),
+    # the solvable models of the literature (mhalearn.solvable), as their authors measure them
+    "mse": Meta(
+        "AIM error ‖S − S*‖²_F/D",
+        "Squared Frobenius distance between the student's attention matrix S = WᵀW/√(R·D) and "
+        "the teacher's, over D (Boncoraglio et al.'s normalisation).",
+    ),
+    "test_error": Meta(
+        "test error per sequence",
+        "Σ(ŷ − y)²/(2d) over fresh sequences, divided by their number (Cui et al.'s "
+        "normalisation).",
+    ),
+    "m": Meta(
+        "positional overlap m",
+        "|1ᵀQ|/d: the overlap of the student's query with the positional direction.",
+    ),
+    "theta": Meta(
+        "semantic overlap θ",
+        "|Q*ᵀQ|/d: the overlap of the student's query with the teacher's semantic direction.",
+    ),
     # teacher regimes (teachers.teacher_diagnostics)
     "mean_max_attention": Meta(
         "mean max attention weight",
