@@ -106,7 +106,10 @@ VARIABLES: dict[str, Meta] = {
         "nats",
     ),
     "test_error": Meta(
-        "test 0-1 error", "Share of fresh samples of the mixture whose score has the wrong sign."
+        "test error",
+        "On fresh samples: for the classification task the share whose score has the wrong "
+        "sign (0-1 error); for the positional–semantic model (mhalearn.solvable) Σ(ŷ − y)²/(2d) "
+        "per sequence (Cui et al.'s normalisation).",
     ),
     "relevant_attention": Meta(
         "attention on relevant tokens",
@@ -226,11 +229,6 @@ VARIABLES: dict[str, Meta] = {
         "AIM error ‖S − S*‖²_F/D",
         "Squared Frobenius distance between the student's attention matrix S = WᵀW/√(R·D) and "
         "the teacher's, over D (Boncoraglio et al.'s normalisation).",
-    ),
-    "test_error": Meta(
-        "test error per sequence",
-        "Σ(ŷ − y)²/(2d) over fresh sequences, divided by their number (Cui et al.'s "
-        "normalisation).",
     ),
     "m": Meta(
         "positional overlap m",
