@@ -5,7 +5,7 @@
     python benchmarks/compare.py --shapes 3      # some of the shapes (indices)
     python benchmarks/compare.py --memory        # also: peak memory at 256 and 4096 instances
     python benchmarks/compare.py --compilation-cache /tmp/jaxcache   # persistent XLA cache
-    python benchmarks/compare.py --width 1       # one instance per call (CPU default: batch/devices.py)
+    python benchmarks/compare.py --width 1       # one instance per call (CPU: see batch/devices.py)
 
 The workload: B students fitted by full-batch GD (float32, fixed step size) to B random
 Chen–Li teachers, at the standard shape (heads 4, dim 16, tokens 8, samples 512, B 256) and at
