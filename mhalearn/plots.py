@@ -1,5 +1,6 @@
-"""Figure helpers every study's figure is drawn with (each study declares its own figure,
-``Study.figure``; :func:`mhalearn.experiments.plot` picks it from a Dataset's ``study``).
+"""Figure helpers every study's figure is drawn with (each study's figure module under
+``mhalearn/experiments/figures/`` registers its figure by the study's name, and ``plot``
+there picks it from a Dataset's ``study``).
 
 Every figure says what it draws: a caption under the panels (median of how many instances,
 what the band or the bars are), the fixed settings in its title, axis labels from the

@@ -26,6 +26,8 @@ DIMS = {
     "phase": ("learner", "inputs", "dim", "heads", "ratio", "budget", "beta", "instance"),
     "sculpt": ("heads", "samples", "beta", "instance", "phase"),  # phase: the timed phases
     "max_margin": ("shape", "attention", "heads", "instance", "step"),
+    "aim": ("alpha", "dim", "tokens", "rho", "instance", "step"),
+    "attention_phase": ("init", "alpha", "omega", "dim", "instance", "step"),
 }
 
 
@@ -50,6 +52,24 @@ def test_study_dataset_has_documented_dims_coords_and_attrs(tiny_results, name):
     assert ds.attrs["mhalearn_commit"] == source_commit()
     assert ds.attrs["device_kind"] == jax.devices()[0].device_kind
     assert np.isfinite(head.values).any()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["aim", "attention_phase"])
+def test_solvable_model_points_match_direct_runs(tiny_results, name):
+    # each point is the authors' learner on the task of its cell, instance i from key i
+    study, path = tiny_results[name]
+    ds = load(path)
+    cell = study.cells()[-1]
+    learner = (
+        mh.GDConfig(optimizer="adam", lr=study.lr, steps=study.steps)
+        if name == "aim"
+        else mh.GDConfig(optimizer="gd", lr=study.lr, steps=study.steps)
+    )
+    direct = mh.simulate(jax.random.key(study.seed), study.task(cell), learner, 1, key_ids=[1])
+    point = ds.sel(**cell, instance=1)
+    for var in direct.metrics:
+        np.testing.assert_allclose(point[var], direct.metrics[var][0], rtol=1e-9, err_msg=var)
 
 
 @pytest.mark.slow

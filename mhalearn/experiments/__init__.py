@@ -8,6 +8,8 @@ and never plot: :func:`mhalearn.experiments.figures.plot` draws any study's resu
 figure module.
 """
 
+from mhalearn.experiments.aim import AIM
+from mhalearn.experiments.attention_phase import AttentionPhase
 from mhalearn.experiments.base import STUDIES, Study, register_study, run_study
 from mhalearn.experiments.executors import Executor
 from mhalearn.experiments.heads import Heads
@@ -24,8 +26,10 @@ DEFAULT = "phase"
 """The study ``mhalearn run`` runs without a name."""
 
 __all__ = [
+    "AIM",
     "DEFAULT",
     "STUDIES",
+    "AttentionPhase",
     "Executor",
     "Heads",
     "Margin",

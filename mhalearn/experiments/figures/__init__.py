@@ -38,6 +38,8 @@ def plot(ds):
 
 # the built-in studies' figures register themselves
 from mhalearn.experiments.figures import (  # noqa: E402
+    aim,
+    attention_phase,
     heads,
     margin,
     max_margin,
@@ -51,6 +53,8 @@ from mhalearn.experiments.figures import (  # noqa: E402
 
 __all__ = [
     "FIGURES",
+    "aim",
+    "attention_phase",
     "heads",
     "margin",
     "max_margin",

@@ -1,0 +1,85 @@
+"""``attention_phase``: the positional–semantic model of Cui et al.
+(:mod:`mhalearn.solvable.positional`) learned from the positional and the semantic start, as
+its authors train it: test error, training loss and the overlaps m and θ against α = n/d,
+per ω and d. Where the two starts' training losses cross, the global minimum switches from
+the positional to the semantic solution."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar, Literal
+
+import jax
+
+from mhalearn._validate import in_range
+from mhalearn.batch import Engine
+from mhalearn.experiments.base import Study, register_study, results_dataset
+from mhalearn.learners.gd import GDConfig
+from mhalearn.simulate import simulate
+from mhalearn.solvable import PositionalSemanticTask
+
+Start = Literal["positional", "semantic", "random"]
+
+
+@register_study
+@dataclasses.dataclass(frozen=True)
+class AttentionPhase(Study):
+    """The tied attention student of the positional–semantic model vs α (static grid: init ×
+    alpha × omega × dim, one compiled cell each). The learner is the authors': full-batch
+    gradient descent at learning rate ``lr`` for ``steps`` steps on the summed loss with
+    weight decay ``lmbda``, from the positional start (Q = 1/√d) or the semantic one (Q = Q*)."""
+
+    name = "attention_phase"
+    summary = "positional vs semantic attention: test error, loss, m and θ vs α = n/d"
+    static_axes = ("init", "alpha", "omega", "dim")
+    headline = "test_error"
+    presets: ClassVar[dict[str, dict[str, Any]]] = {
+        "tiny": dict(alpha=(0.5, 2.0), dim=(16,), steps=40, test_samples=64, instances=2),
+        "small": dict(alpha=(0.2, 1.0, 2.0), dim=(100,), steps=1000, instances=4),
+    }
+
+    init: tuple[Start, ...] = ("positional", "semantic")
+    """Starts (one cell each): positional (Q = 1/√d), semantic (Q = Q*, the informed start)
+    or random (Q ~ 0.1·N(0, 1))."""
+    alpha: tuple[float, ...] = (0.2, 1.0, 2.0)
+    """Sample ratios α = n/d (one cell each; n = round(α·d))."""
+    omega: tuple[float, ...] = (0.3,)
+    """Weights ω of the positional map A in the teacher (one cell each)."""
+    dim: tuple[int, ...] = (100,)
+    """Token dimensions d (one cell each; the authors' is 1000)."""
+    sigma: float = 0.5
+    """The semantic parts' standard deviation σ."""
+    lmbda: float = 0.01
+    """Weight decay λ on Q (the authors' 0.01)."""
+    lr: float = 0.15
+    """Gradient descent's learning rate (the authors': 0.15)."""
+    steps: int = 5000
+    """Full-batch gradient-descent steps (the authors': 5000)."""
+    test_samples: int = 10_000
+    """Fresh sequences for the test error (the authors': 50 000)."""
+    instances: int = 64
+    """Random teachers (and data) per grid point."""
+    seed: int = 0
+    """Root seed: instance i of every grid point draws from fold_in(key(seed), i)."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        in_range("lr", self.lr, 0.0, open_low=True)
+        for cell in self.cells():
+            self.task(cell)
+
+    def task(self, cell: dict[str, Any]) -> PositionalSemanticTask:
+        return PositionalSemanticTask(
+            dim=cell["dim"],
+            alpha=cell["alpha"],
+            omega=cell["omega"],
+            sigma=self.sigma,
+            lmbda=self.lmbda,
+            start=cell["init"],
+            test_samples=self.test_samples,
+        )
+
+    def run_cell(self, cell: dict[str, Any], key: jax.Array, engine: Engine):
+        learner = GDConfig(optimizer="gd", lr=self.lr, steps=self.steps)
+        res = simulate(key, self.task(cell), learner, self.instances, engine=engine)
+        return results_dataset(res, {}, self.instances)
