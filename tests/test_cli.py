@@ -202,7 +202,7 @@ def files(tmp_path_factory):
 BAD = [
     (
         ["run", "nonsense"],
-        "unknown study 'nonsense'; expected one of heads, margin, max_margin, phase, recovery",
+        "unknown study 'nonsense'; expected one of aim, attention_phase, heads, margin, max_margin",
     ),
     (["run", "regimes", "--instances", "1.5"], "--instances: expected an integer"),
     (["run", "regimes", "--beta", "x"], "--beta: cannot read 'x' (expected --beta [FLOAT"),
