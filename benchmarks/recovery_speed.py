@@ -1,6 +1,6 @@
 """Seconds per recovered teacher: batched learners against a per-teacher scipy VarPro.
 
-    python benchmarks/recovery_speed.py            # the four cells of issue 15
+    python benchmarks/recovery_speed.py            # the four cells (CELLS below)
     python benchmarks/recovery_speed.py --small    # the first cell, 16 teachers
     python benchmarks/recovery_speed.py --cells 0 3  # some of the cells
     python benchmarks/recovery_speed.py --learners varpro  # the baseline and some learners

@@ -7,14 +7,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar
 
-import jax
 import numpy as np
 
-from mhalearn._validate import in_range
-from mhalearn.batch import Engine
-from mhalearn.experiments.base import Study, register_study, results_dataset
+from mhalearn.experiments.base import register_study
+from mhalearn.experiments.solvable import SolvableStudy
 from mhalearn.learners.gd import GDConfig
-from mhalearn.simulate import simulate
 from mhalearn.solvable import AIMTask
 
 #: the authors' grid of α (``GD_softmax_averaged.py``): 32 values log-spaced over [0.0012, 0.3]
@@ -23,7 +20,7 @@ AUTHORS_ALPHAS = tuple(float(a) for a in np.logspace(np.log10(0.0012), np.log10(
 
 @register_study
 @dataclasses.dataclass(frozen=True)
-class AIM(Study):
+class AIM(SolvableStudy):
     """Adam's error on the attention-indexed model vs α (static grid: alpha × dim × tokens ×
     rho, one compiled cell each: n = ⌊α·D²⌋ sets the shapes). The learner is the authors':
     full-batch Adam at learning rate ``lr`` for ``steps`` steps on the summed loss, from
@@ -57,12 +54,6 @@ class AIM(Study):
     seed: int = 0
     """Root seed: instance i of every grid point draws from fold_in(key(seed), i)."""
 
-    def __post_init__(self):
-        super().__post_init__()
-        in_range("lr", self.lr, 0.0, open_low=True)
-        for cell in self.cells():
-            self.task(cell)
-
     def task(self, cell: dict[str, Any]) -> AIMTask:
         return AIMTask(
             dim=cell["dim"],
@@ -72,7 +63,5 @@ class AIM(Study):
             init_scale=self.init_scale,
         )
 
-    def run_cell(self, cell: dict[str, Any], key: jax.Array, engine: Engine):
-        learner = GDConfig(optimizer="adam", lr=self.lr, steps=self.steps)
-        res = simulate(key, self.task(cell), learner, self.instances, engine=engine)
-        return results_dataset(res, {}, self.instances)
+    def learner(self) -> GDConfig:
+        return GDConfig(optimizer="adam", lr=self.lr, steps=self.steps)

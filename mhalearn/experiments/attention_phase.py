@@ -9,13 +9,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar, Literal
 
-import jax
-
-from mhalearn._validate import in_range
-from mhalearn.batch import Engine
-from mhalearn.experiments.base import Study, register_study, results_dataset
+from mhalearn.experiments.base import register_study
+from mhalearn.experiments.solvable import SolvableStudy
 from mhalearn.learners.gd import GDConfig
-from mhalearn.simulate import simulate
 from mhalearn.solvable import PositionalSemanticTask
 
 Start = Literal["positional", "semantic", "random"]
@@ -23,7 +19,7 @@ Start = Literal["positional", "semantic", "random"]
 
 @register_study
 @dataclasses.dataclass(frozen=True)
-class AttentionPhase(Study):
+class AttentionPhase(SolvableStudy):
     """The tied attention student of the positional–semantic model vs α (static grid: init ×
     alpha × omega × dim, one compiled cell each). The learner is the authors': full-batch
     gradient descent at learning rate ``lr`` for ``steps`` steps on the summed loss with
@@ -62,12 +58,6 @@ class AttentionPhase(Study):
     seed: int = 0
     """Root seed: instance i of every grid point draws from fold_in(key(seed), i)."""
 
-    def __post_init__(self):
-        super().__post_init__()
-        in_range("lr", self.lr, 0.0, open_low=True)
-        for cell in self.cells():
-            self.task(cell)
-
     def task(self, cell: dict[str, Any]) -> PositionalSemanticTask:
         return PositionalSemanticTask(
             dim=cell["dim"],
@@ -79,7 +69,5 @@ class AttentionPhase(Study):
             test_samples=self.test_samples,
         )
 
-    def run_cell(self, cell: dict[str, Any], key: jax.Array, engine: Engine):
-        learner = GDConfig(optimizer="gd", lr=self.lr, steps=self.steps)
-        res = simulate(key, self.task(cell), learner, self.instances, engine=engine)
-        return results_dataset(res, {}, self.instances)
+    def learner(self) -> GDConfig:
+        return GDConfig(optimizer="gd", lr=self.lr, steps=self.steps)
