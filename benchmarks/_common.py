@@ -49,7 +49,7 @@ def engine_fit_seconds(task, learner, instances: int, **engine) -> tuple[float, 
     ident = (task, learner, instances)
     if ident not in _PROBLEMS:
         keys = jax.random.split(jax.random.key(1), instances)
-        drawn = jax.jit(jax.vmap(lambda k: task.sample(k)[1]))(keys)
+        drawn = jax.jit(jax.vmap(lambda k: task.sample(k).problem))(keys)
         _PROBLEMS[ident] = jax.tree.map(np.asarray, drawn)
 
     def fit(key, problem, learner):

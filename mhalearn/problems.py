@@ -62,7 +62,9 @@ class Problem(Protocol):
     def loss_and_grad(
         self, params: PyTree, idx: Int[Array, " batch"] | None = None
     ) -> tuple[Float[Array, ""], PyTree]:
-        """That loss and its gradient with respect to ``params``."""
+        """That loss and its gradient with respect to ``params``, as the pair
+        ``jax.value_and_grad`` returns: a hand-written gradient is a drop-in replacement for
+        it (the (value, gradient) pairs are the only results the package leaves plain tuples)."""
         ...
 
 

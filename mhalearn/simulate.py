@@ -37,7 +37,15 @@ def _path_name(path) -> str:
     return jax.tree_util.keystr(path, simple=True, separator=".")
 
 
-def split_sweep(tree: Any, instances: int) -> tuple[Any, Any]:
+class Split(NamedTuple):
+    """A spec's swept part (one value per instance) and the rest; None where a part has no
+    leaf."""
+
+    swept: Any
+    fixed: Any
+
+
+def split_sweep(tree: Any, instances: int) -> Split:
     """Split a spec into its swept part (leaves of shape ``(instances,)``, and every array in
     a :class:`PerInstance`) and the rest (arrays in a :class:`Shared` are never swept).
 
@@ -82,7 +90,7 @@ def split_sweep(tree: Any, instances: int) -> tuple[Any, Any]:
 
     wrapped = lambda node: isinstance(node, PerInstance | Shared)  # noqa: E731
     mask = jax.tree_util.tree_map_with_path(mark, tree, is_leaf=wrapped)
-    return eqx.partition(tree, mask)
+    return Split(*eqx.partition(tree, mask))
 
 
 def swept_values(swept: Any) -> dict[str, np.ndarray]:

@@ -15,6 +15,9 @@
   factors are taken once per instance and step, and the package never vmaps them on CPU (the
   engine runs a CPU group's instances as a loop).
 
+The factorisations return named tuples (:class:`QR`, :class:`SVD`, :class:`Eigh`), like
+jnp.linalg's: read by field or unpacked in order.
+
 All are matrix-free or O(p³) in a small p, pure and ``vmap``-able. An interior-point QP
 (qpax) factors a dense KKT system of the constraint count (up to ~10³ here) at every
 iteration; the duals here need only products with the constraint matrix.
@@ -23,6 +26,7 @@ iteration; the duals here need only products with the constraint matrix.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -61,6 +65,28 @@ def box_qp(
     start = (lam0, lam0, jnp.asarray(1.0, linear.dtype))
     (lam, _, _), _ = jax.lax.scan(body, start, None, iterations)
     return lam
+
+
+class QR(NamedTuple):
+    """The thin QR factorisation a = q r."""
+
+    q: Float[Array, "m n"]
+    r: Float[Array, "n n"]
+
+
+class SVD(NamedTuple):
+    """The thin singular value decomposition a = u diag(s) vt."""
+
+    u: Float[Array, "m k"]
+    s: Float[Array, " k"]
+    vt: Float[Array, "k n"]
+
+
+class Eigh(NamedTuple):
+    """The eigenvalues (ascending) and eigenvectors (columns) of a symmetric matrix."""
+
+    eigenvalues: Float[Array, " p"]
+    eigenvectors: Float[Array, "p p"]
 
 
 #: the largest side of a matrix that cuSOLVER factors as one batched call under ``vmap``
@@ -121,7 +147,7 @@ def _batched_per_platform(
     return decorate
 
 
-def householder_qr(a: Float[Array, "m n"]) -> tuple[Float[Array, "m n"], Float[Array, "n n"]]:
+def householder_qr(a: Float[Array, "m n"]) -> QR:
     """The thin QR factorisation ``a = Q R`` of a tall ``a`` (m ≥ n) by n Householder
     reflections written in array operations, LAPACK's conventions (R's diagonal −sign(a_jj)·‖·‖,
     a column already reduced left as it is), so Q and R agree with ``jnp.linalg.qr``'s to
@@ -158,7 +184,7 @@ def householder_qr(a: Float[Array, "m n"]) -> tuple[Float[Array, "m n"], Float[A
         return q - taus[j] * v[:, None] * jnp.sum(v[:, None] * q, axis=0)
 
     q = jax.lax.fori_loop(0, n, accumulate, jnp.eye(m, n, dtype=a.dtype))
-    return q, jnp.triu(r[:n]) * scale
+    return QR(q, jnp.triu(r[:n]) * scale)
 
 
 def _small_side(a: Float[Array, "m n"]) -> Float[Array, "k k"] | None:
@@ -169,7 +195,7 @@ def _small_side(a: Float[Array, "m n"]) -> Float[Array, "k k"] | None:
     m, n = a.shape
     if max(m, n) <= BATCHED_SIDE or min(m, n) > BATCHED_SIDE:
         return None
-    return householder_qr(a if m >= n else a.T)[1]
+    return householder_qr(a if m >= n else a.T).r
 
 
 def _singular_values_batched(a: Float[Array, "m n"]) -> Float[Array, " k"]:
@@ -181,25 +207,22 @@ def _spectral_norm_batched(a: Float[Array, "m n"]) -> Float[Array, ""]:
     return _singular_values_batched(a)[0]
 
 
-def _svd_batched(
-    a: Float[Array, "m n"],
-) -> tuple[Float[Array, "m k"], Float[Array, " k"], Float[Array, "k n"]]:
+def _svd_batched(a: Float[Array, "m n"]) -> SVD:
     m, n = a.shape
     k = min(m, n)
     if min(m, n) > BATCHED_SIDE:  # no batched form: cuSOLVER's own loop
-        u, s, vt = jnp.linalg.svd(a, full_matrices=False)
-        return u, s, vt
+        return SVD(*jnp.linalg.svd(a, full_matrices=False))
     if max(m, n) <= BATCHED_SIDE:  # full matrices: cuSOLVER's batched Jacobi
         u, s, vt = jnp.linalg.svd(a, full_matrices=True)
-        return u[:, :k], s, vt[:k]
+        return SVD(u[:, :k], s, vt[:k])
     q, r = householder_qr(a if m >= n else a.T)
     u, s, vt = jnp.linalg.svd(r, full_matrices=True)
     u = jnp.matmul(q, u, precision=_EXACT)
-    return (u, s, vt) if m >= n else (vt.T, s, u.T)
+    return SVD(u, s, vt) if m >= n else SVD(vt.T, s, u.T)
 
 
 def _orthonormal_basis_batched(a: Float[Array, "m n"]) -> Float[Array, "m n"]:
-    return householder_qr(a)[0] if a.shape[1] <= BATCHED_SIDE else jnp.linalg.qr(a)[0]
+    return householder_qr(a).q if a.shape[1] <= BATCHED_SIDE else jnp.linalg.qr(a)[0]
 
 
 def _least_squares_batched(a: Float[Array, "m n"], b: Float[Array, " m"]) -> Float[Array, " n"]:
@@ -219,10 +242,10 @@ def eigenvalues(a: Float[Array, "p p"]) -> Float[Array, " p"]:
 
 
 @_batched_per_platform()
-def eigh(a: Float[Array, "p p"]) -> tuple[Float[Array, " p"], Float[Array, "p p"]]:
+def eigh(a: Float[Array, "p p"]) -> Eigh:
     """Eigenvalues (ascending) and eigenvectors (columns) of the symmetric matrix ``a``
     (``jnp.linalg.eigh``; under ``vmap`` on CPU one matrix after another)."""
-    return jnp.linalg.eigh(a)
+    return Eigh(*jnp.linalg.eigh(a))
 
 
 @_batched_per_platform(_singular_values_batched)
@@ -234,15 +257,12 @@ def singular_values(a: Float[Array, "m n"]) -> Float[Array, " k"]:
 
 
 @_batched_per_platform(_svd_batched)
-def svd(
-    a: Float[Array, "m n"],
-) -> tuple[Float[Array, "m k"], Float[Array, " k"], Float[Array, "k n"]]:
+def svd(a: Float[Array, "m n"]) -> SVD:
     """The thin singular value decomposition ``U, s, Vᵀ`` of ``a`` (``jnp.linalg.svd`` with
     ``full_matrices=False``; under ``vmap`` on CPU one matrix after another, on an
     accelerator from batched pieces: the full decomposition of a small ``a``, or of R from
     :func:`householder_qr`). Singular vectors are defined up to sign."""
-    u, s, vt = jnp.linalg.svd(a, full_matrices=False)
-    return u, s, vt
+    return SVD(*jnp.linalg.svd(a, full_matrices=False))
 
 
 @_batched_per_platform(_spectral_norm_batched)

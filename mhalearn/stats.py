@@ -10,6 +10,9 @@
 - :func:`growth_fits`: a threshold's growth in the head count, fitted as a power law and as an
   exponential, with bootstrap intervals on both rates and which fits better.
 
+Several results are named tuples (:class:`Interval`, :class:`Estimate`, :class:`Counts`,
+:class:`Logistic`): read by field, or unpacked in order like numpy's pairs.
+
 A hand-written Newton rather than statsmodels' GLM: the thresholds' bootstrap fits thousands
 of two-parameter curves at once, which one vectorised Newton does in milliseconds and a loop
 of GLM fits in minutes; the tests hold it against scipy's optimiser on the same likelihood.
@@ -18,6 +21,7 @@ of GLM fits in minutes; the tests hold it against scipy's optimiser on the same 
 from __future__ import annotations
 
 import warnings
+from typing import NamedTuple
 
 import numpy as np
 
@@ -26,7 +30,36 @@ import numpy as np
 RIDGE = 1e-2
 
 
-def wilson(successes: np.ndarray, trials: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+class Interval(NamedTuple):
+    """Lower and upper bounds, arrays (or floats) of one shape; NaN where not resolved."""
+
+    lower: np.ndarray
+    upper: np.ndarray
+
+
+class Estimate(NamedTuple):
+    """A point estimate with the bounds of its interval."""
+
+    value: np.ndarray
+    lower: np.ndarray
+    upper: np.ndarray
+
+
+class Counts(NamedTuple):
+    """Success and trial counts of one shape."""
+
+    successes: np.ndarray
+    trials: np.ndarray
+
+
+class Logistic(NamedTuple):
+    """The coefficients of the success rate σ(intercept + slope·x)."""
+
+    intercept: np.ndarray
+    slope: np.ndarray
+
+
+def wilson(successes: np.ndarray, trials: np.ndarray) -> Interval:
     """Wilson 95% intervals (lower, upper) of success shares (NaN where there is no trial)."""
     from scipy import stats
 
@@ -38,12 +71,12 @@ def wilson(successes: np.ndarray, trials: np.ndarray) -> tuple[np.ndarray, np.nd
                 confidence_level=0.95, method="wilson"
             )
             lower[idx], upper[idx] = ci.low, ci.high
-    return lower, upper
+    return Interval(lower, upper)
 
 
 def logistic_fit(
     x: np.ndarray, successes: np.ndarray, trials: np.ndarray, iterations: int = 100
-) -> tuple[np.ndarray, np.ndarray]:
+) -> Logistic:
     """(a, b) maximising Σ_j k_j·log p_j + (n_j − k_j)·log(1 − p_j) − RIDGE·(a² + b²)/2 with
     p_j = σ(a + b·z_j), z = (x − mean x)/std x, for every curve at once.
 
@@ -69,7 +102,7 @@ def logistic_fit(
             break
     a, b = coef[..., 0], coef[..., 1]
     # back to x: a + b·(x − c)/s
-    return a - b * center / scale, b / scale
+    return Logistic(a - b * center / scale, b / scale)
 
 
 def logistic_crossing(x: np.ndarray, successes: np.ndarray, trials: np.ndarray) -> np.ndarray:
@@ -83,9 +116,7 @@ def logistic_crossing(x: np.ndarray, successes: np.ndarray, trials: np.ndarray) 
     return np.where(inside, x50, np.nan)
 
 
-def separated_bracket(
-    x: np.ndarray, successes: np.ndarray, trials: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
+def separated_bracket(x: np.ndarray, successes: np.ndarray, trials: np.ndarray) -> Interval:
     """The two neighbouring points of ``x`` (increasing) between which the counts jump from
     none recovered to all recovered, where they do (every point at or below the first all
     failures, every point above all successes); NaN elsewhere. There the fitted crossing is
@@ -100,7 +131,7 @@ def separated_bracket(
         jump = np.all(none[..., :j], axis=-1) & np.all(every[..., j:], axis=-1)
         lower = np.where(jump, x[j - 1], lower)
         upper = np.where(jump, x[j], upper)
-    return lower, upper
+    return Interval(lower, upper)
 
 
 def bootstrap_indices(instances: int, replicates: int, seed: int) -> np.ndarray:
@@ -110,17 +141,15 @@ def bootstrap_indices(instances: int, replicates: int, seed: int) -> np.ndarray:
     return rng.integers(0, instances, size=(replicates, instances))
 
 
-def resampled_counts(flags: np.ndarray, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def resampled_counts(flags: np.ndarray, idx: np.ndarray) -> Counts:
     """Successes and trials of the 0/1 ``flags`` (points, instances; NaN: missing) for each
     bootstrap replicate ``idx`` (replicates, instances): two (replicates, points) arrays."""
     flags = np.asarray(flags, float)
     picked = flags[:, idx]  # (points, replicates, instances)
-    return np.nansum(picked, axis=-1).T, np.sum(np.isfinite(picked), axis=-1).T
+    return Counts(np.nansum(picked, axis=-1).T, np.sum(np.isfinite(picked), axis=-1).T)
 
 
-def percentile_interval(
-    replicates: np.ndarray, level: float = 0.95, axis: int = 0
-) -> tuple[np.ndarray, np.ndarray]:
+def percentile_interval(replicates: np.ndarray, level: float = 0.95, axis: int = 0) -> Interval:
     """The percentile interval of bootstrap ``replicates`` along ``axis``; NaN where more
     than (1 − level)/2 of the replicates are not finite (the interval is then not resolved:
     a tail of replicates fell outside what was measured)."""
@@ -131,7 +160,7 @@ def percentile_interval(
         warnings.simplefilter("ignore", RuntimeWarning)  # an all-NaN slice is NaN
         lo, hi = np.nanpercentile(r, [100 * tail, 100 * (1 - tail)], axis=axis)
     bad = missing > tail
-    return np.where(bad, np.nan, lo), np.where(bad, np.nan, hi)
+    return Interval(np.where(bad, np.nan, lo), np.where(bad, np.nan, hi))
 
 
 def _line_fits(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -162,7 +191,7 @@ def line_slopes(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 def median_interval(
     values: np.ndarray, level: float = 0.95, replicates: int = 2000, seed: int = 0
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+) -> Estimate:
     """The median over the last axis (NaN ignored) and the percentile interval of the
     medians of ``replicates`` bootstrap resamples of that axis."""
     values = np.asarray(values, float)
@@ -171,19 +200,18 @@ def median_interval(
         warnings.simplefilter("ignore", RuntimeWarning)  # an all-NaN slice is NaN
         mid = np.nanmedian(values, axis=-1)
         reps = np.nanmedian(values[..., idx], axis=-1)  # (..., replicates)
-    lo, hi = percentile_interval(reps, level, axis=-1)
-    return mid, lo, hi
+    return Estimate(mid, *percentile_interval(reps, level, axis=-1))
 
 
 def loglog_slope(
     x: np.ndarray, values: np.ndarray, level: float = 0.95, replicates: int = 2000, seed: int = 0
-) -> tuple[float, float, float]:
+) -> Estimate:
     """The least-squares slope of log(median) vs log x, with medians over the instances of
     ``values`` (points, instances), and its bootstrap percentile interval: each replicate
     resamples the instances, the same ones at every point (they share their random
     problems)."""
     fit = power_law_fit(x, values, None, level, replicates, seed)
-    return fit["rate"], fit["rate_lower"], fit["rate_upper"]
+    return Estimate(fit["rate"], fit["rate_lower"], fit["rate_upper"])
 
 
 def power_law_fit(

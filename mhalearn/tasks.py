@@ -11,7 +11,7 @@ instance under ``vmap``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import equinox as eqx
 import jax
@@ -52,13 +52,21 @@ from mhalearn.teachers import (
 _OTHER = {"boolean": "gaussian", "gaussian": "boolean"}
 
 
+class Instance(NamedTuple):
+    """One random instance of a task: the truth the scores compare with, and the problem the
+    learner fits (a :class:`~mhalearn.problems.Problem`)."""
+
+    truth: Any
+    problem: Any
+
+
 @runtime_checkable
 class Task(Protocol):
     """What every task is: a random instance, the checks of its truth, and its scores."""
 
-    def sample(self, key: PRNGKeyArray) -> tuple[Any, Any]:
-        """``(truth, problem)`` of one instance: what the scores compare with, and what the
-        learner fits (a :class:`~mhalearn.problems.Problem`)."""
+    def sample(self, key: PRNGKeyArray) -> Instance:
+        """One :class:`Instance` ``(truth, problem)``: what the scores compare with, and what
+        the learner fits (a :class:`~mhalearn.problems.Problem`)."""
         ...
 
     def checks(self, truth: Any) -> dict[str, Bool[Array, ""]]:
@@ -123,15 +131,16 @@ class RegressionTask(eqx.Module):
 
         return jax.lax.cond(jnp.asarray(self.label_noise) > 0, draw, lambda: jnp.zeros_like(truth))
 
-    def sample(self, key: PRNGKeyArray) -> tuple[LayerParams, RegressionProblem]:
+    def sample(self, key: PRNGKeyArray) -> Instance:
+        """The teacher and its :class:`~mhalearn.problems.RegressionProblem`."""
         k_teacher, k_x, k_noise = jax.random.split(key, 3)
-        teacher, _ = sample_teacher_with_info(k_teacher, self.teacher)
+        teacher = sample_teacher_with_info(k_teacher, self.teacher).teacher
         X = self._inputs(k_x, self.teacher.inputs, self.samples)
         truth = predict_layer(teacher, X)
         Y = truth + self._noise(k_noise, truth)
         heads = self.student_heads or self.teacher.heads
         problem = RegressionProblem(X=X, Y=Y, heads=heads, start=self.start, teacher=teacher)
-        return teacher, problem
+        return Instance(teacher, problem)
 
     def checks(self, teacher: LayerParams) -> dict[str, Bool[Array, ""]]:
         """``teacher_accepted``: whether the teacher drawn passed its family's checks (False:
@@ -204,8 +213,9 @@ class ClassificationTask(eqx.Module):
         if isinstance(self.active_heads, int):
             in_range("active_heads", self.active_heads, 1, self.heads)
 
-    def sample(self, key: PRNGKeyArray) -> tuple[Mixture, ClassificationProblem]:
-        """The training problem, and (as the "truth") a held-out set on which the test loss
+    def sample(self, key: PRNGKeyArray) -> Instance:
+        """The training :class:`~mhalearn.problems.ClassificationProblem`, and (as the
+        "truth") a held-out :class:`~mhalearn.data.Mixture` draw on which the test loss
         is monitored during training."""
         data = tokenized_mixture(key, self.mixture, self.samples)
         held_out = tokenized_mixture(jax.random.fold_in(key, 1), self.mixture, self.test_samples)
@@ -217,7 +227,7 @@ class ClassificationTask(eqx.Module):
             active_heads=self.active_heads,
             start=self.start,
         )
-        return held_out, problem
+        return Instance(held_out, problem)
 
     def checks(self, held_out: Mixture) -> dict[str, Bool[Array, ""]]:
         """Nothing to check: the mixture has no teacher."""
@@ -289,10 +299,11 @@ class UserTask(eqx.Module):
         if (self.data is None) == (self.draw is None):
             raise ValueError("UserTask: give exactly one of data (arrays) and draw (a function)")
 
-    def sample(self, key: PRNGKeyArray) -> tuple[Any, Problem]:
+    def sample(self, key: PRNGKeyArray) -> Instance:
+        """The user's data (as the truth) and the problem made of it."""
         data = self.data if self.draw is None else self.draw(key)
         data = unwrap(data)
-        return data, self.problem(data)
+        return Instance(data, self.problem(data))
 
     def checks(self, data: Any) -> dict[str, Bool[Array, ""]]:
         del data

@@ -20,7 +20,7 @@ draws all fail is still returned (the last draw), flagged: ``TeacherInfo.accepte
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import equinox as eqx
 import jax
@@ -212,6 +212,13 @@ class TeacherInfo(eqx.Module):
     """False when ``max_attempts`` draws all failed the checks (the last one is returned)."""
 
 
+class TeacherDraw(NamedTuple):
+    """A teacher drawn by rejection sampling, and how the drawing went."""
+
+    teacher: LayerParams
+    info: TeacherInfo
+
+
 #: draws made side by side before the loop, by platform (elsewhere: 4). On a CPU the loop alone
 #: draws only what each instance needs; on an accelerator, under ``vmap``, a loop runs the
 #: slowest instance's draws for every instance and reports to the host after each, so there
@@ -226,7 +233,7 @@ def default_candidates() -> int:
 
 def sample_teacher_with_info(
     key: PRNGKeyArray, spec: TeacherSpec, candidates: int | None = None
-) -> tuple[LayerParams, TeacherInfo]:
+) -> TeacherDraw:
     """Like :func:`sample_teacher`, also saying how many draws it took and whether it succeeded.
 
     ``candidates`` draws (``None``: :func:`default_candidates`) are made side by side and the
@@ -266,7 +273,7 @@ def sample_teacher_with_info(
         chosen = jax.tree.map(lambda leaf: leaf[first], drawn)
         start = (jnp.where(ok, first + 1, candidates), chosen, ok)
     attempts, params, ok = jax.lax.while_loop(not_done, step, start)
-    return params, TeacherInfo(attempts=attempts, accepted=ok)
+    return TeacherDraw(params, TeacherInfo(attempts=attempts, accepted=ok))
 
 
 def sample_teacher(key: PRNGKeyArray, spec: TeacherSpec) -> LayerParams:
@@ -284,7 +291,7 @@ def sample_teacher(key: PRNGKeyArray, spec: TeacherSpec) -> LayerParams:
         dim). If ``spec.max_attempts`` draws all fail, the last one:
         :func:`sample_teacher_with_info` says when that happened.
     """
-    return sample_teacher_with_info(key, spec)[0]
+    return sample_teacher_with_info(key, spec).teacher
 
 
 class TeacherDiagnostics(eqx.Module):
@@ -296,10 +303,18 @@ class TeacherDiagnostics(eqx.Module):
     agreement: Float[Array, ""]  # share of rows where every head puts >= 1−δ on one token value
 
 
+class AttentionStatistics(NamedTuple):
+    """How one sequence's heads attend, as means over heads and rows."""
+
+    mean_max_attention: Float[Array, ""]  # of max_k A
+    attention_entropy: Float[Array, ""]  # of −Σ_k A log A (nats)
+    agreement: Float[Array, ""]  # share of rows where every head puts >= 1−δ on one value
+
+
 def attention_statistics(
     X: Float[Array, "tokens dim"], theta: Float[Array, "heads dim dim"], delta: float
-) -> tuple[Float[Array, ""], Float[Array, ""], Float[Array, ""]]:
-    """(mean max weight, mean entropy, share of agreeing rows) of one sequence.
+) -> AttentionStatistics:
+    """The mean max weight, mean entropy and share of agreeing rows of one sequence.
 
     Agreement merges identical tokens: a row agrees when some token value b receives, from
     every head, total weight >= 1 − δ over the positions holding that value.
@@ -309,7 +324,9 @@ def attention_statistics(
     merged = A @ same  # (heads, rows, b): weight of each row on the value of token b
     agree = jnp.any(jnp.min(merged, axis=0) >= 1 - delta, axis=-1)
     entropy = -jnp.sum(jax.scipy.special.xlogy(A, A), axis=-1)
-    return jnp.mean(jnp.max(A, axis=-1)), jnp.mean(entropy), jnp.mean(agree.astype(A.dtype))
+    return AttentionStatistics(
+        jnp.mean(jnp.max(A, axis=-1)), jnp.mean(entropy), jnp.mean(agree.astype(A.dtype))
+    )
 
 
 def teacher_diagnostics(

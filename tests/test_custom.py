@@ -93,7 +93,9 @@ def test_given_start_per_instance_for_gd_and_variable_projection(rng):
     gd = mh.GDConfig(optimizer="gd", lr=0.1, steps=1, snapshots=2)
     res = mh.simulate(jax.random.key(3), task, gd, 2, keep_params=True)
     for i in range(2):
-        problem = task.sample(instance_keys(jax.random.fold_in(jax.random.key(3), i)).problem)[1]
+        problem = task.sample(
+            instance_keys(jax.random.fold_in(jax.random.key(3), i)).problem
+        ).problem
         problem = mh.RegressionProblem(
             X=problem.X, Y=problem.Y, heads=1, start=mh.GivenStart(mh.LayerParams(theta[i], W[i]))
         )

@@ -111,7 +111,7 @@ def test_positional_semantic_data_loss_and_overlaps_equal_their_definitions(rng)
     assert float(problem.loss(QueryParams(Q=Q))) == pytest.approx(want, rel=1e-12)
     # the informed (semantic) start is the teacher's direction, the positional one 1/√d
     np.testing.assert_array_equal(problem.init(jax.random.key(1)).Q[:, 0], q_star)
-    positional = PositionalSemanticTask(dim=d, alpha=1.5).sample(jax.random.key(0))[1]
+    positional = PositionalSemanticTask(dim=d, alpha=1.5).sample(jax.random.key(0)).problem
     np.testing.assert_allclose(positional.init(jax.random.key(1)).Q, np.ones((d, 1)) / math.sqrt(d))
     m = overlaps(QueryParams(Q=Q), Q_star)
     assert float(m["m"]) == pytest.approx(abs(Q[:, 0].sum()) / d, rel=1e-12)

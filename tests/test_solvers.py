@@ -233,7 +233,7 @@ def test_gd_fits_test_for_stopping_once_per_block_not_per_step(optimizer, batch_
     task = mh.RegressionTask(teacher=mh.TeacherSpec(heads=2, dim=4, tokens=3), samples=64)
     config = mh.GDConfig(optimizer=optimizer, steps=50, tol=1e-6, batch_size=batch_size)
     keys = jax.random.split(jax.random.key(0), 8)
-    problems = jax.vmap(lambda k: task.sample(k)[1])(keys)
+    problems = jax.vmap(lambda k: task.sample(k).problem)(keys)
     fit = jax.vmap(lambda k, p: config.fit(k, p))
     assert per_step_while_loops(fit, keys, problems) == []
 

@@ -16,7 +16,7 @@ def test_wilson_intervals_match_the_closed_form():
     half = z / (1 + z**2 / n) * np.sqrt(p * (1 - p) / n + z**2 / (4 * n**2))
     np.testing.assert_allclose(lo, centre - half, atol=1e-12)
     np.testing.assert_allclose(hi, centre + half, atol=1e-12)
-    assert np.isnan(stats.wilson(np.array([0]), np.array([0]))[0]).all()
+    assert np.isnan(stats.wilson(np.array([0]), np.array([0])).lower).all()
 
 
 def _penalised_nll(coef, z, k, n):

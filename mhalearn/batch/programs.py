@@ -155,15 +155,22 @@ def relocated(program: Program, device: jax.Device) -> Program | None:
     return Program(compiled, False)
 
 
+class Cached(NamedTuple):
+    """A compiled program and how it was had (``"kept"``, ``"compiled"``, ``"relocated"``)."""
+
+    program: Program
+    how: str
+
+
 def cached_compile(
     program_key, program: Callable, args: tuple, options: dict, device: jax.Device, like=None
-) -> tuple[Program, str]:
+) -> Cached:
     """The compiled program, kept by ``program_key``, and how it was had: ``"kept"`` (from an
     earlier call), ``"compiled"``, or ``"relocated"`` from ``like``, the same program compiled
     for another CPU device (:func:`relocated`), which is tried before compiling."""
     if program_key is not None and program_key in _PROGRAMS:
         _PROGRAMS.move_to_end(program_key)
-        return _PROGRAMS[program_key], "kept"
+        return Cached(_PROGRAMS[program_key], "kept")
     moved = None if like is None else relocated(like, device)
     if moved is None:
         built, how = compile_program(program, args, options), "compiled"
@@ -174,7 +181,7 @@ def cached_compile(
         _PROGRAMS[program_key] = built
         while len(_PROGRAMS) > _KEPT:
             _PROGRAMS.popitem(last=False)
-    return built, how
+    return Cached(built, how)
 
 
 def group_program(

@@ -24,7 +24,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 import jax
 import numpy as np
@@ -156,9 +156,15 @@ def cell_id(cell: dict[str, Any]) -> str:
     return "_".join(f"{k}-{v}" for k, v in cell.items()).replace("/", "-") or "all"
 
 
-def product_grid(
-    axes: dict[str, Sequence[Any]], instances: int
-) -> tuple[dict[str, np.ndarray], np.ndarray]:
+class Grid(NamedTuple):
+    """A flattened product grid: each axis's value per grid instance, and the key id (the
+    instance index) of each."""
+
+    values: dict[str, np.ndarray]
+    key_ids: np.ndarray
+
+
+def product_grid(axes: dict[str, Sequence[Any]], instances: int) -> Grid:
     """Every combination of the vmapped ``axes`` × ``instances``, flattened in C order with the
     instance last: per-instance values of each axis, and the key ids (the instance index, so
     every grid point sees the same problems)."""
@@ -166,7 +172,7 @@ def product_grid(
         *[np.asarray(v) for v in axes.values()], np.arange(instances), indexing="ij"
     )
     values = {name: g.ravel() for name, g in zip(axes, grids[:-1], strict=True)}
-    return values, grids[-1].ravel()
+    return Grid(values, grids[-1].ravel())
 
 
 def results_dataset(res: Results, axes: dict[str, Sequence[Any]], instances: int):

@@ -119,6 +119,6 @@ class Samples(ClassifierStudy):
             stats.loglog_slope(n, ds["test_loss"].sel(heads=h).transpose("samples", "instance"))
             for h in ds["heads"].values
         ]
-        for i, suffix in enumerate(("", "_lower", "_upper")):
-            ds[f"test_loss_slope{suffix}"] = ("heads", np.array([f[i] for f in fits]))
+        for field, suffix in (("value", ""), ("lower", "_lower"), ("upper", "_upper")):
+            ds[f"test_loss_slope{suffix}"] = ("heads", np.array([getattr(f, field) for f in fits]))
         return ds

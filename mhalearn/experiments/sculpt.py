@@ -298,7 +298,7 @@ class Sculpt(Study):
         config = self.learner()
         total = np.zeros(len(PHASES))
         betas = np.resize(np.asarray(self.beta), self.timing_instances + 1)
-        sample = jax.jit(lambda k, beta: self.task(cell, beta).sample(k)[1])
+        sample = jax.jit(lambda k, beta: self.task(cell, beta).sample(k).problem)
         for i, beta in enumerate(betas):  # the first teacher compiles every phase
             k = jax.random.fold_in(key, i)
             p = sample(k, jnp.asarray(beta, jnp.result_type(float)))

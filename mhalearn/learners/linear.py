@@ -8,6 +8,8 @@ alternating minimisation, the baselines and the last phase of the certify-and-sc
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from jaxtyping import Array, Float
 
 from mhalearn.layer import design
@@ -27,7 +29,15 @@ def solve_values(
     The (relative) ridge keeps the solve defined when features coincide (identical heads,
     Θ = 0); ``scale`` is the mean diagonal of ZᵀZ.
     """
-    return values_and_residual(X, Y, theta, ridge)[0]
+    return values_and_residual(X, Y, theta, ridge).W
+
+
+class ValuesFit(NamedTuple):
+    """Least-squares values W for fixed attention, and the residual Z·W − Y they leave (rows
+    (sample, token))."""
+
+    W: Float[Array, "heads dim dim"]
+    residual: Float[Array, "rows dim"]
 
 
 def values_and_residual(
@@ -35,10 +45,10 @@ def values_and_residual(
     Y: Float[Array, "samples tokens dim"],
     theta: Float[Array, "heads dim dim"],
     ridge: float | Array = 1e-10,
-) -> tuple[Float[Array, "heads dim dim"], Float[Array, "rows dim"]]:
+) -> ValuesFit:
     """:func:`solve_values` and the residual Z·W − Y it leaves (rows (sample, token)), from
     the same design Z: the layer's outputs without computing the attention again."""
     Z = design(X, theta)
     Y = Y.reshape(-1, Y.shape[-1])
     W = ridge_solve(Z.T @ Z, Z.T @ Y, ridge)
-    return W.reshape(theta.shape[0], theta.shape[1], Y.shape[-1]), Z @ W - Y
+    return ValuesFit(W.reshape(theta.shape[0], theta.shape[1], Y.shape[-1]), Z @ W - Y)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from typing import NamedTuple
 
 import equinox as eqx
 import jax
@@ -54,17 +55,30 @@ def matching_cost(
     return cost
 
 
+class Pairing(NamedTuple):
+    """Matched heads: ``student[j]`` is paired with ``teacher[j]``, sorted by teacher head."""
+
+    student: Int[Array, " teacher_heads"]
+    teacher: Int[Array, " teacher_heads"]
+
+
+class Margins(NamedTuple):
+    """x_aᵀΘ(x_b − x_c) per sample, row a and token c, and whether token c's value differs
+    from x_b's (the constraints a certified row gives)."""
+
+    margins: Float[Array, "samples tokens tokens"]
+    other: Bool[Array, "samples tokens tokens"]
+
+
 #: most pairings :func:`match_heads` enumerates; beyond, it solves the assignment (optax)
 ENUMERATED_PAIRINGS = 24
 
 
-def match_heads(
-    student: LayerParams, teacher: LayerParams
-) -> tuple[Int[Array, " teacher_heads"], Int[Array, " teacher_heads"]]:
+def match_heads(student: LayerParams, teacher: LayerParams) -> Pairing:
     """The pairing of teacher heads with distinct student heads of least total
     :func:`matching_cost`.
 
-    Returns ``(student_idx, teacher_idx)``, pairs sorted by teacher head; needs
+    Returns the :class:`Pairing` (student_idx, teacher_idx), sorted by teacher head; needs
     student heads >= teacher heads. Up to :data:`ENUMERATED_PAIRINGS` pairings (four heads)
     every one is scored and the first best kept — a program XLA compiles in a fifth of the
     time of the assignment solver's loop, and every recovery study compiles it; more heads
@@ -77,10 +91,10 @@ def match_heads(
     if math.perm(s, t) <= ENUMERATED_PAIRINGS:
         pairings = np.array(list(itertools.permutations(range(s), t)), dtype=np.int32)
         best = jnp.argmin(jnp.sum(cost[pairings, np.arange(t)], axis=1))
-        return jnp.asarray(pairings)[best], jnp.arange(t, dtype=jnp.int32)
+        return Pairing(jnp.asarray(pairings)[best], jnp.arange(t, dtype=jnp.int32))
     rows, cols = optax.assignment.hungarian_algorithm(cost)
     order = jnp.argsort(cols)
-    return rows[order], cols[order]
+    return Pairing(rows[order], cols[order])
 
 
 def largest_principal_angle(
@@ -178,13 +192,13 @@ def constraint_margins(
     X: Float[Array, "samples tokens dim"],
     token: Int[Array, "samples tokens"],
     theta: Float[Array, "dim dim"],
-) -> tuple[Float[Array, "samples tokens tokens"], Bool[Array, "samples tokens tokens"]]:
+) -> Margins:
     """x_aᵀΘ(x_b − x_c) for every row a (b = ``token[n, a]``) and token c of sample n, and
     whether token c's value differs from x_b's (the constraints a certified row gives)."""
     scores = jnp.einsum("nad,de,nce->nac", X, theta, X)  # x_aᵀΘ x_c
     margins = jnp.take_along_axis(scores, token[..., None], axis=-1) - scores
     other = ~jnp.take_along_axis(same_token(X), token[..., None], axis=1)  # (n, a, c)
-    return margins, other
+    return Margins(margins, other)
 
 
 def truth_in_constraints(

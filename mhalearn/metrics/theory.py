@@ -16,6 +16,7 @@ the parameters: :func:`mhalearn.params.movement`.)
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import equinox as eqx
 import jax
@@ -117,13 +118,20 @@ class HessianExtremes(eqx.Module):
 LANCZOS_MATVECS = 64
 
 
+class Tridiagonal(NamedTuple):
+    """Lanczos's tridiagonal T = QᵀAQ and the norm of its last residual."""
+
+    matrix: Float[Array, "depth depth"]
+    residual: Float[Array, ""]
+
+
 def lanczos_tridiagonal(
     matvec: Callable[[Float[Array, " p"]], Float[Array, " p"]],
     key: PRNGKeyArray,
     p: int,
     depth: int,
     dtype,
-) -> tuple[Float[Array, "depth depth"], Float[Array, ""]]:
+) -> Tridiagonal:
     """``depth`` Lanczos steps on a symmetric operator of size ``p`` from a random start, with
     full reorthogonalisation (two Gram–Schmidt passes against every earlier vector).
 
@@ -164,7 +172,7 @@ def lanczos_tridiagonal(
     zeros = jnp.zeros(depth, dtype)
     _, alpha, beta, _ = jax.lax.fori_loop(0, depth, body, (Q, zeros, zeros, jnp.zeros((), dtype)))
     T = jnp.diag(alpha) + jnp.diag(beta[:-1], 1) + jnp.diag(beta[:-1], -1)
-    return T, beta[-1]
+    return Tridiagonal(T, beta[-1])
 
 
 def hessian_extremes(

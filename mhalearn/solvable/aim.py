@@ -27,6 +27,7 @@ from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 from mhalearn import draws
 from mhalearn._validate import in_range, positive_int
 from mhalearn.learners.base import Fit
+from mhalearn.tasks import Instance
 
 
 class AIMParams(eqx.Module):
@@ -110,13 +111,14 @@ class AIMTask(eqx.Module):
         """R = ⌊ρ·D⌋."""
         return int(self.rho * self.dim)
 
-    def sample(self, key: PRNGKeyArray) -> tuple[AIMParams, AIMProblem]:
+    def sample(self, key: PRNGKeyArray) -> Instance:
+        """The teacher W* and its :class:`AIMProblem`."""
         k_teacher, k_x = jax.random.split(key)
         teacher = AIMParams(W=draws.normal(k_teacher, (self.rank, self.dim)))
         X = draws.normal(k_x, (self.samples, self.tokens, self.dim))
         Y = aim_outputs(teacher.W, X, self.beta)
         problem = AIMProblem(X=X, Y=Y, rank=self.rank, beta=self.beta, init_scale=self.init_scale)
-        return teacher, problem
+        return Instance(teacher, problem)
 
     def checks(self, teacher: AIMParams) -> dict[str, Bool[Array, ""]]:
         del teacher

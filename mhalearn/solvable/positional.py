@@ -32,6 +32,7 @@ from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 from mhalearn import draws
 from mhalearn._validate import choice, in_range, positive_int
 from mhalearn.learners.base import Fit
+from mhalearn.tasks import Instance
 
 #: the authors' fixed positional maps (``which_A``)
 POSITIONAL_MAPS = {"standard": ((0.6, 0.4), (0.4, 0.6)), "2ndexample": ((0.3, 0.7), (0.8, 0.2))}
@@ -146,14 +147,15 @@ class PositionalSemanticTask(eqx.Module):
         A = jnp.asarray(POSITIONAL_MAPS[self.positional_map], Z.dtype)
         return positions(self.dim, Z.dtype) + Z, teacher_outputs(Q_star, Z, self.omega, A)
 
-    def sample(self, key: PRNGKeyArray):
+    def sample(self, key: PRNGKeyArray) -> Instance:
+        """The teacher's Q* and its :class:`PositionalSemanticProblem`."""
         k_teacher, k_x = jax.random.split(key)
         Q_star = draws.normal(k_teacher, (self.dim,))
         X, Y = self._draw(k_x, self.samples, Q_star)
         problem = PositionalSemanticProblem(
             X=X, Y=Y, Q_star=Q_star, lmbda=self.lmbda, start=self.start, rank=self.rank
         )
-        return Q_star, problem
+        return Instance(Q_star, problem)
 
     def checks(self, Q_star) -> dict[str, Bool[Array, ""]]:
         del Q_star

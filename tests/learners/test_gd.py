@@ -366,7 +366,7 @@ def test_step_cost_counts_the_layers_products(heads, dim, tokens, samples):
     costs = []
     for batch in (4, 12):
         keys = jax.random.split(KEY, batch)
-        problems = jax.vmap(lambda k: task.sample(k)[1])(keys)
+        problems = jax.vmap(lambda k: task.sample(k).problem)(keys)
         costs.append(mh.learners.step_cost(config, keys, problems))
     forward = heads * samples * (4 * tokens * dim**2 + 4 * tokens**2 * dim)
     for cost in costs:

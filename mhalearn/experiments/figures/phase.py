@@ -66,7 +66,8 @@ def figure(ds):
         for ax in last[below:]:
             ax.remove()
     n = plots.instances(ds)
-    widest = np.max(np.subtract(*stats.wilson(np.array([n // 2]), np.array([n]))[::-1]))
+    half = stats.wilson(np.array([n // 2]), np.array([n]))
+    widest = np.max(half.upper - half.lower)
     study = Phase.from_config(config)
     budget = study.budget
     learners = "; ".join(
