@@ -200,6 +200,29 @@ def test_the_ladder_runs_the_larger_budgets_only_inside_its_window():
     assert (full["info_starts"].sel(ratio=0.5, budget=4.0) > 2).any()  # the window saved starts
 
 
+def test_convergence_is_undecided_where_a_crossing_lies_outside_the_ladder():
+    """Four cells (budgets 1, 4, 16): agreeing inside the window, disagreeing inside it,
+    agreeing but crossing above the window, not crossed at all."""
+    import xarray as xr
+
+    from mhalearn.experiments.phase.study import budget_converged
+
+    ratio = np.array(
+        [[3.0, 2.5, 2.4], [3.0, 2.5, 2.0], [6.0, 6.0, 6.0], [3.0, 2.5, np.nan]]
+    )  # (cell, budget)
+    half = np.array([0.1, 0.1, 0.1])
+    ds = xr.Dataset(
+        {
+            "threshold_ratio": (("cell", "budget"), ratio),
+            "threshold_lower": (("cell", "budget"), ratio - half),
+            "threshold_upper": (("cell", "budget"), ratio + half),
+        },
+        coords={"budget": [1.0, 4.0, 16.0]},
+    )
+    np.testing.assert_array_equal(budget_converged(ds), [1, 0, 1, np.nan])
+    np.testing.assert_array_equal(budget_converged(ds, (1.8, 4.5)), [1, 0, np.nan, np.nan])
+
+
 @pytest.mark.slow
 def test_converged_thresholds_are_where_the_two_largest_budgets_agree(tiny_results):
     _, path = tiny_results["phase"]

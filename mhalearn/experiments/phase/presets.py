@@ -35,7 +35,7 @@ FAMILIES: dict[str, dict[str, Any]] = {
     "ill_conditioned": dict(family="ill_conditioned", heads=(2, 3, 4, 5, 6)),
     "two_tokens": dict(family="two_tokens", tokens=2),
 }
-#: the β × N diagram at heads 1–3 (1024 teachers, one budget): the base of the variants below
+#: the β × N diagram at heads 1–3 (256 teachers, one budget): the base of the variants below
 DIAGRAM: dict[str, Any] = dict(
     learner=("varpro",),
     ratio=RATIOS,
@@ -44,7 +44,7 @@ DIAGRAM: dict[str, Any] = dict(
     inputs=("boolean",),
     beta=(1.0, 4.0, 16.0),
     steps=3000,
-    instances=1024,
+    instances=256,
     bootstrap=1000,
 )
 #: notebook 09's small size: its full size's learners and budget ladder on a small grid
@@ -108,9 +108,9 @@ PRESETS: dict[str, dict[str, Any]] = {
         "learner": ("varpro", "adam", "chen_li", "chen_li_pure"),
         "heads": (1, 2, 3, 4),
         "beta": (4.0,),
-        "instances": 128,
+        "instances": 64,
     },
     "full_gaussian": {**DIAGRAM, "inputs": ("gaussian",)},
     # the threshold vs dim at two heads
-    "full_dim": {**DIAGRAM, "dim": (4, 8, 16), "heads": (2,), "beta": (4.0,), "instances": 256},
+    "full_dim": {**DIAGRAM, "dim": (4, 8, 16), "heads": (2,), "beta": (4.0,)},
 }

@@ -57,6 +57,22 @@ def failure_kinds(success, train_excess, fit_tol: float):
     return failed & ~fitted, failed & fitted
 
 
+def budget_converged(ds: xr.Dataset, ladder: tuple[float, float] | None = None) -> xr.DataArray:
+    """Whether the computational threshold has converged in the budget: 1 where the 95%
+    intervals of N*₅₀ at the two largest budgets overlap, 0 where they do not; NaN where
+    either is not crossed inside the grid, or (with a ``ladder`` window) where either crossing
+    lies outside the window, since there the larger budgets never ran and equal the first by
+    construction."""
+    low, high = ds["threshold_lower"], ds["threshold_upper"]
+    last, before = {"budget": -1}, {"budget": -2}
+    overlap = (low.isel(last) <= high.isel(before)) & (low.isel(before) <= high.isel(last))
+    two = ds["threshold_ratio"].isel(budget=[-2, -1])
+    known = np.isfinite(two).all("budget")
+    if ladder is not None:
+        known = known & ((two >= ladder[0]) & (two <= ladder[1])).all("budget")
+    return overlap.astype(float).where(known)
+
+
 @register_study
 @dataclasses.dataclass(frozen=True)
 class Phase(Study):
@@ -226,7 +242,7 @@ class Phase(Study):
         ``_upper``, a 95% bootstrap interval over teachers); where there are several budgets,
         the converged threshold (``threshold_converged``, ``threshold_converged_ratio``: the
         largest budget's, where the two largest budgets' intervals overlap; NaN where they do
-        not) and the flag ``budget_converged``; the statistical threshold from ``identified``
+        not) and the flag ``budget_converged`` (:func:`budget_converged`); the statistical threshold from ``identified``
         (no fit at the largest budget, of any learner, explains the training data while lying
         away from the teacher): ``identified_rate`` with Wilson intervals,
         ``threshold_statistical`` and ``threshold_statistical_ratio`` with bootstrap intervals,
@@ -244,14 +260,11 @@ class Phase(Study):
         )
         reps = self._crossings(ds, "success", "success_rate", "threshold", THRESHOLD_DIMS)
         if ds.sizes["budget"] > 1:
-            low, high = ds["threshold_lower"], ds["threshold_upper"]
-            last, before = {"budget": -1}, {"budget": -2}
-            overlap = (low.isel(last) <= high.isel(before)) & (low.isel(before) <= high.isel(last))
-            known = np.isfinite(ds["threshold"].isel(budget=[-2, -1])).all("budget")
-            ds["budget_converged"] = overlap.astype(float).where(known)
+            ds["budget_converged"] = budget_converged(ds, self.ladder)
+            agree = ds["budget_converged"] == 1
             for name in ("threshold", "threshold_ratio"):
                 for suffix in ("", "_lower", "_upper"):
-                    value = ds[f"{name}{suffix}"].isel(last, drop=True).where(overlap & known)
+                    value = ds[f"{name}{suffix}"].isel(budget=-1, drop=True).where(agree)
                     ds[f"{name.replace('threshold', 'threshold_converged')}{suffix}"] = value
         away = (ds["failure_identification"].isel(budget=-1, drop=True) == 1).any("learner")
         ds["identified"] = (~away).astype(np.int8)

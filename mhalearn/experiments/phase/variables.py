@@ -40,7 +40,8 @@ register_variables(
         "budget_converged": Meta(
             "threshold converged in the budget",
             "1 when the 95% intervals of N*50 at the two largest budgets overlap, 0 when they do "
-            "not (NaN when either is not crossed inside the grid).",
+            "not (NaN when either is not crossed inside the grid, or crosses outside the "
+            "ladder's window, where the larger budgets did not run).",
             flag=True,
         ),
         "threshold_converged": Meta(
