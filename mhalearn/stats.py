@@ -7,6 +7,7 @@
   cannot place its crossing between them).
 - :func:`bootstrap_indices` and :func:`percentile_interval`: a bootstrap over instances
   (the same resampled instances for every curve that shares them) and its percentile interval.
+- :func:`zero_crossing`: where a curve changes sign, interpolated.
 - :func:`growth_fits`: a threshold's growth in the head count, fitted as a power law and as an
   exponential, with bootstrap intervals on both rates and which fits better.
 
@@ -287,6 +288,24 @@ def growth_fits(
         "better": better,
         "better_share": share,
     }
+
+
+def zero_crossing(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Where ``y`` (..., points) first changes sign along ``x`` (points, increasing): the zero
+    of the line through the two points around the change; NaN where ``y`` keeps one sign
+    (or is not finite) at every point."""
+    x = np.asarray(x, float)
+    y = np.asarray(y, float)
+    out = np.full(y.shape[:-1], np.nan)
+    done = np.zeros(y.shape[:-1], bool)
+    for j in range(1, x.shape[0]):
+        a, b = y[..., j - 1], y[..., j]
+        change = ~done & np.isfinite(a) & np.isfinite(b) & ((a > 0) != (b > 0))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            at = x[j - 1] + (x[j] - x[j - 1]) * a / (a - b)
+        out = np.where(change, at, out)
+        done |= change
+    return out
 
 
 def crossing_thresholds(

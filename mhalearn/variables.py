@@ -238,6 +238,12 @@ VARIABLES: dict[str, Meta] = {
         "semantic overlap θ",
         "|Q*ᵀQ|/d: the overlap of the student's query with the teacher's semantic direction.",
     ),
+    "linear_test_error": Meta(
+        "linear baseline's test error",
+        "Test error (normalised as test_error) of the positional–semantic model's linear "
+        "baseline ŷ = B·z, the ridge minimiser of its training loss on the same sequences "
+        "(Cui et al.'s baseline, in closed form).",
+    ),
     # teacher regimes (teachers.teacher_diagnostics)
     "mean_max_attention": Meta(
         "mean max attention weight",

@@ -16,6 +16,7 @@ from mhalearn.solvable import (
     PositionalSemanticTask,
     QueryParams,
     aim_mse,
+    linear_baseline,
     overlaps,
 )
 
@@ -129,6 +130,27 @@ def test_positional_semantic_gradient_equals_finite_differences(rng):
         e[p, 0] = h
         up, down = (float(problem.loss(QueryParams(Q=Q + s * e))) for s in (1, -1))
         assert float(grad.Q[p, 0]) == pytest.approx((up - down) / (2 * h), rel=1e-6, abs=1e-10)
+
+
+def test_linear_baseline_minimises_its_loss(rng):
+    """The closed form is where the loop-written objective's gradient vanishes, and no
+    perturbation of it lowers that objective."""
+    n, d, lmbda = 9, 5, 0.3
+    Z, Y = rng.standard_normal((n, 2, d)), rng.standard_normal((n, 2, d))
+    B = np.asarray(linear_baseline(Z, Y, lmbda))
+
+    def objective(B):
+        total = 0.0
+        for i, f, j in itertools.product(range(n), range(2), range(d)):
+            total += (sum(B[f, k] * Z[i, k, j] for k in range(2)) - Y[i, f, j]) ** 2
+        return total / (2 * d) + lmbda / 2 * np.sum(B**2)
+
+    h = 1e-6
+    for f, k in itertools.product(range(2), range(2)):
+        e = np.zeros((2, 2))
+        e[f, k] = h
+        assert (objective(B + e) - objective(B - e)) / (2 * h) == pytest.approx(0, abs=1e-7)
+        assert objective(B + 1e3 * e) > objective(B)
 
 
 def test_bad_settings_are_refused():

@@ -9,12 +9,32 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar, Literal
 
+import numpy as np
+
+from mhalearn import stats
 from mhalearn.experiments.base import register_study
 from mhalearn.experiments.solvable import SolvableStudy
 from mhalearn.learners.gd import GDConfig
 from mhalearn.solvable import PositionalSemanticTask
+from mhalearn.variables import Meta, register_variables
 
 Start = Literal["positional", "semantic", "random"]
+
+register_variables(
+    {
+        "loss_gap": Meta(
+            "training-loss gap, semantic − positional",
+            "The semantic start's final training loss minus the positional start's, on the same "
+            "teacher and sequences: negative where the semantic fit is the lower minimum.",
+        ),
+        "crossing_alpha": Meta(
+            "α where the global minimum switches",
+            "The α where the mean loss_gap over instances first changes sign (interpolated "
+            "linearly between grid points), with a 95% bootstrap interval over instances "
+            "(NaN where it does not change sign on the grid, or too many replicates do not).",
+        ),
+    }
+)
 
 
 @register_study
@@ -71,3 +91,24 @@ class AttentionPhase(SolvableStudy):
 
     def learner(self) -> GDConfig:
         return GDConfig(optimizer="gd", lr=self.lr, steps=self.steps)
+
+    def derive(self, ds):
+        """With both the positional and the semantic start: ``loss_gap`` per instance (their
+        paired final training losses: every cell draws the same teachers and sequences) and
+        ``crossing_alpha`` per ω and d, where its mean over instances changes sign, with a
+        bootstrap interval (1000 resamples of the instances)."""
+        if not {"positional", "semantic"} <= set(ds["init"].values.tolist()):
+            return ds
+        loss = ds["train_loss"]
+        ds["loss_gap"] = loss.sel(init="semantic", drop=True) - loss.sel(
+            init="positional", drop=True
+        )
+        gap = ds["loss_gap"].transpose("omega", "dim", "alpha", "instance").values
+        idx = stats.bootstrap_indices(gap.shape[-1], 1000, self.seed)
+        alpha = ds["alpha"].values
+        reps = np.moveaxis(np.mean(gap[..., idx], axis=-1), -1, 0)  # (replicates, ω, d, α)
+        lower, upper = stats.percentile_interval(stats.zero_crossing(alpha, reps))
+        at = stats.zero_crossing(alpha, gap.mean(-1))
+        for suffix, value in (("", at), ("_lower", lower), ("_upper", upper)):
+            ds[f"crossing_alpha{suffix}"] = (("omega", "dim"), value)
+        return ds

@@ -242,9 +242,10 @@ class Phase(Study):
         ``_upper``, a 95% bootstrap interval over teachers); where there are several budgets,
         the converged threshold (``threshold_converged``, ``threshold_converged_ratio``: the
         largest budget's, where the two largest budgets' intervals overlap; NaN where they do
-        not) and the flag ``budget_converged`` (:func:`budget_converged`); the statistical threshold from ``identified``
-        (no fit at the largest budget, of any learner, explains the training data while lying
-        away from the teacher): ``identified_rate`` with Wilson intervals,
+        not) and the flag ``budget_converged`` (:func:`budget_converged`); the statistical
+        threshold from ``identified`` (no fit at the largest budget, of any learner, explains
+        the training data while lying away from the teacher): ``identified_rate`` with Wilson
+        intervals,
         ``threshold_statistical`` and ``threshold_statistical_ratio`` with bootstrap intervals,
         and ``threshold_gap`` (the largest budget's N*₅₀ over the statistical one); and the
         growth of the largest budget's N*₅₀/N_c in the heads (``growth_power``,
