@@ -33,6 +33,8 @@ class AIM(SolvableStudy):
     presets: ClassVar[dict[str, dict[str, Any]]] = {
         "tiny": dict(alpha=(0.05, 0.5), dim=(8,), steps=40, instances=2),
         "small": dict(alpha=(0.02, 0.1, 0.3), dim=(20,), steps=300, instances=4),
+        # notebook 11: the authors' 32 α at D 40 and 60 (their D 200 costs ~1.5 TFLOP a fit)
+        "full": dict(alpha=AUTHORS_ALPHAS, dim=(40, 60), instances=64),
     }
 
     alpha: tuple[float, ...] = (0.01, 0.03, 0.1, 0.3)

@@ -19,6 +19,8 @@ from mhalearn.solvable import PositionalSemanticTask
 from mhalearn.variables import Meta, register_variables
 
 Start = Literal["positional", "semantic", "random"]
+#: the authors' grid of α (their runs' ``--alphas 0.01 2.0 25``): 25 values, linspace
+AUTHORS_ALPHAS = tuple(round(float(a), 6) for a in np.linspace(0.01, 2.0, 25))
 
 register_variables(
     {
@@ -52,6 +54,8 @@ class AttentionPhase(SolvableStudy):
     presets: ClassVar[dict[str, dict[str, Any]]] = {
         "tiny": dict(alpha=(0.5, 2.0), dim=(16,), steps=40, test_samples=64, instances=2),
         "small": dict(alpha=(0.2, 1.0, 2.0), dim=(100,), steps=1000, instances=4),
+        # notebook 12: every third α of the authors' grid (0.01 to 2, 25 values) at d 200
+        "full": dict(alpha=AUTHORS_ALPHAS[::3], dim=(200,), instances=64),
     }
 
     init: tuple[Start, ...] = ("positional", "semantic")
