@@ -7,7 +7,7 @@
   cannot place its crossing between them).
 - :func:`bootstrap_indices` and :func:`percentile_interval`: a bootstrap over instances
   (the same resampled instances for every curve that shares them) and its percentile interval.
-- :func:`zero_crossing`: where a curve changes sign, interpolated.
+- :func:`zero_crossing`: where a curve last changes sign, interpolated.
 - :func:`growth_fits`: a threshold's growth in the head count, fitted as a power law and as an
   exponential, with bootstrap intervals on both rates and which fits better.
 
@@ -291,14 +291,14 @@ def growth_fits(
 
 
 def zero_crossing(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Where ``y`` (..., points) first changes sign along ``x`` (points, increasing): the zero
-    of the line through the two points around the change; NaN where ``y`` keeps one sign
-    (or is not finite) at every point."""
+    """Where ``y`` (..., points) last changes sign along ``x`` (points, increasing), so that
+    beyond it ``y`` keeps one sign on the grid: the zero of the line through the two points
+    around that change; NaN where ``y`` keeps one sign (or is not finite) at every point."""
     x = np.asarray(x, float)
     y = np.asarray(y, float)
     out = np.full(y.shape[:-1], np.nan)
     done = np.zeros(y.shape[:-1], bool)
-    for j in range(1, x.shape[0]):
+    for j in range(x.shape[0] - 1, 0, -1):
         a, b = y[..., j - 1], y[..., j]
         change = ~done & np.isfinite(a) & np.isfinite(b) & ((a > 0) != (b > 0))
         with np.errstate(divide="ignore", invalid="ignore"):

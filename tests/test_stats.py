@@ -146,17 +146,17 @@ def test_median_interval_is_the_median_and_a_bracket_of_it():
     assert np.all((lo < [0, 1, 2]) & ([0, 1, 2] < hi))
 
 
-def test_zero_crossing_interpolates_the_first_sign_change():
+def test_zero_crossing_interpolates_the_last_sign_change():
     x = np.array([0.0, 1.0, 2.0, 4.0])
     y = np.array(
         [
             [2.0, 1.0, -1.0, -3.0],  # between 1 and 2, halfway
             [1.0, 2.0, 3.0, 4.0],  # never
-            [-1.0, 1.0, 1.0, -1.0],  # the first change, between 0 and 1
+            [-1.0, 1.0, 1.0, -1.0],  # the last change, between 2 and 4, halfway
             [np.nan, 3.0, 1.0, -1.0],  # between 2 and 4, three quarters of the way
         ]
     )
-    np.testing.assert_allclose(stats.zero_crossing(x, y), [1.5, np.nan, 0.5, 3.0])
+    np.testing.assert_allclose(stats.zero_crossing(x, y), [1.5, np.nan, 3.0, 3.0])
     # the crossing of a line is its root wherever the grid puts the points around it
     slope, root = -0.7, 1.234
     assert stats.zero_crossing(x, slope * (x - root)) == pytest.approx(root)

@@ -31,8 +31,9 @@ register_variables(
         ),
         "crossing_alpha": Meta(
             "α where the global minimum switches",
-            "The α where the mean loss_gap over instances first changes sign (interpolated "
-            "linearly between grid points), with a 95% bootstrap interval over instances "
+            "The α where the mean loss_gap over instances last changes sign (beyond it the "
+            "semantic minimum stays the lower on the grid; interpolated linearly between grid "
+            "points), with a 95% bootstrap interval over instances "
             "(NaN where it does not change sign on the grid, or too many replicates do not).",
         ),
     }
@@ -99,8 +100,9 @@ class AttentionPhase(SolvableStudy):
     def derive(self, ds):
         """With both the positional and the semantic start: ``loss_gap`` per instance (their
         paired final training losses: every cell draws the same teachers and sequences) and
-        ``crossing_alpha`` per ω and d, where its mean over instances changes sign, with a
-        bootstrap interval (1000 resamples of the instances)."""
+        ``crossing_alpha`` per ω and d, where its mean over instances last changes sign
+        (:func:`~mhalearn.stats.zero_crossing`), with a bootstrap interval (1000 resamples of
+        the instances)."""
         if not {"positional", "semantic"} <= set(ds["init"].values.tolist()):
             return ds
         loss = ds["train_loss"]
