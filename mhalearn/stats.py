@@ -5,6 +5,8 @@
   one half, for many curves at once (vectorised Newton on the binomial log-likelihood).
 - :func:`separated_bracket`: where counts jump from none to all between two points (the fit
   cannot place its crossing between them).
+- :func:`mean_interval`, :func:`median_interval`: a mean or median over instances with its
+  bootstrap percentile interval.
 - :func:`bootstrap_indices` and :func:`percentile_interval`: a bootstrap over instances
   (the same resampled instances for every curve that shares them) and its percentile interval.
 - :func:`zero_crossing`: where a curve last changes sign, interpolated.
@@ -195,12 +197,24 @@ def median_interval(
 ) -> Estimate:
     """The median over the last axis (NaN ignored) and the percentile interval of the
     medians of ``replicates`` bootstrap resamples of that axis."""
+    return _bootstrapped(np.nanmedian, values, level, replicates, seed)
+
+
+def mean_interval(
+    values: np.ndarray, level: float = 0.95, replicates: int = 2000, seed: int = 0
+) -> Estimate:
+    """The mean over the last axis (NaN ignored) and the percentile interval of the means of
+    ``replicates`` bootstrap resamples of that axis."""
+    return _bootstrapped(np.nanmean, values, level, replicates, seed)
+
+
+def _bootstrapped(statistic, values, level: float, replicates: int, seed: int) -> Estimate:
     values = np.asarray(values, float)
     idx = bootstrap_indices(values.shape[-1], replicates, seed)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # an all-NaN slice is NaN
-        mid = np.nanmedian(values, axis=-1)
-        reps = np.nanmedian(values[..., idx], axis=-1)  # (..., replicates)
+        mid = statistic(values, axis=-1)
+        reps = statistic(values[..., idx], axis=-1)  # (..., replicates)
     return Estimate(mid, *percentile_interval(reps, level, axis=-1))
 
 

@@ -146,6 +146,16 @@ def test_median_interval_is_the_median_and_a_bracket_of_it():
     assert np.all((lo < [0, 1, 2]) & ([0, 1, 2] < hi))
 
 
+def test_mean_interval_is_the_mean_and_its_normal_theory_width():
+    rng = np.random.default_rng(2)
+    values = rng.standard_normal((3, 400)) + np.array([[0.0], [1.0], [2.0]])
+    mid, lo, hi = stats.mean_interval(values)
+    np.testing.assert_allclose(mid, values.mean(axis=1))
+    # the bootstrap interval of a mean of 400 unit normals: about ±1.96/√400 = ±0.098
+    np.testing.assert_allclose(hi - lo, 2 * 1.96 * values.std(axis=1) / 20, rtol=0.15)
+    assert np.all((lo < mid) & (mid < hi))
+
+
 def test_zero_crossing_interpolates_the_last_sign_change():
     x = np.array([0.0, 1.0, 2.0, 4.0])
     y = np.array(
