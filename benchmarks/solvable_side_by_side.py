@@ -16,7 +16,7 @@ compilation included) and the error reached (mean ± std over instances).
   lines, which run the authors' own grid at import) with one student per teacher; ours: the
   ``aim`` cell.
 
-Needs PyTorch (``pip install torch``), which the package does not.
+Needs PyTorch, which the package does not: ``pip install -e ".[bench]"``.
 
     python benchmarks/solvable_side_by_side.py --positional PATH --aim PATH
 """
@@ -128,7 +128,7 @@ def main() -> None:
     try:
         import torch
     except ImportError:
-        sys.exit("needs PyTorch for the authors' loops: pip install torch")
+        sys.exit('needs PyTorch for the authors\' loops: pip install -e ".[bench]"')
     torch.set_num_threads(os.cpu_count() or 1)
 
     from mhalearn.batch import set_precision
