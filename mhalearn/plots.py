@@ -192,12 +192,13 @@ def finish(fig, title: str, caption: str):
     chars = max(60, int(width * 14))
     caption = "\n".join(textwrap.wrap(caption, chars))
     title = "\n".join(textwrap.wrap(title, int(width * 11)))
-    legend_rows = 0
+    legend_rows, lines = 0, 1
     if labels:
-        longest = max(len(label) for label in labels) + 6
+        longest = max(len(line) for label in labels for line in label.split("\n")) + 6
         ncol = max(1, min(len(labels), int(width * 13 // longest)))
         legend_rows = -(-len(labels) // ncol)
-    legend = 0.24 * legend_rows + (0.1 if labels else 0.0)  # inches, from the bottom up
+        lines = max(label.count("\n") + 1 for label in labels)  # a label may span lines
+    legend = 0.24 * legend_rows * lines + (0.1 if labels else 0.0)  # inches, from the bottom up
     text = 0.18 * (caption.count("\n") + 1)
     top = 0.22 * (title.count("\n") + 1) + 0.04
     total = height + legend + text + top

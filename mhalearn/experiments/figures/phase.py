@@ -270,7 +270,7 @@ def heads_figure(runs: dict[str, Any], learner: str = "varpro"):
         stat = one["threshold_statistical_ratio"].values
         lo = one["threshold_statistical_ratio_lower"].values
         hi = one["threshold_statistical_ratio_upper"].values
-        label = "statistical" + _growth_label(one, "growth_statistical")
+        label = f"{name}: statistical" + _growth_label(one, "growth_statistical")
         top.errorbar(
             m, stat, yerr=[stat - lo, hi - stat], fmt="s-", color="k", capsize=3, label=label
         )
@@ -284,8 +284,8 @@ def heads_figure(runs: dict[str, Any], learner: str = "varpro"):
             t_hi = c["threshold_ratio_upper"].sel(budget=b).values
             at = m + 0.06 * (b_i + 1)
             label = f"{learner}, budget {b:g}"
-            if b_i == len(budgets) - 1:
-                label += _growth_label(c, "growth")
+            if b_i == len(budgets) - 1:  # each panel's own growth fit: named by its panel
+                label = f"{name}: {label}" + _growth_label(c, "growth")
             top.errorbar(
                 at,
                 t,
