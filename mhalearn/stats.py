@@ -9,7 +9,8 @@
   bootstrap percentile interval.
 - :func:`bootstrap_indices` and :func:`percentile_interval`: a bootstrap over instances
   (the same resampled instances for every curve that shares them) and its percentile interval.
-- :func:`zero_crossing`: where a curve last changes sign, interpolated.
+- :func:`zero_crossing`: where a curve last changes sign, interpolated;
+  :func:`crossing_interval`: that of a mean over instances, with its bootstrap interval.
 - :func:`growth_fits`: a threshold's growth in the head count, fitted as a power law and as an
   exponential, with bootstrap intervals on both rates and which fits better.
 
@@ -24,6 +25,7 @@ of GLM fits in minutes; the tests hold it against scipy's optimiser on the same 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
@@ -320,6 +322,26 @@ def zero_crossing(x: np.ndarray, y: np.ndarray) -> np.ndarray:
         out = np.where(change, at, out)
         done |= change
     return out
+
+
+def crossing_interval(
+    x: np.ndarray,
+    values: np.ndarray,
+    curve: Callable[[np.ndarray], np.ndarray] | None = None,
+    level: float = 0.95,
+    replicates: int = 2000,
+    seed: int = 0,
+) -> Estimate:
+    """:func:`zero_crossing` along ``x`` of the mean over instances of ``values`` (...,
+    points, instances), or of ``curve`` of that mean (e.g. log(mean) − log ε), with the
+    percentile interval of the same crossing over ``replicates`` bootstrap resamples of the
+    instances (the same ones at every point)."""
+    values = np.asarray(values, float)
+    curve = curve or (lambda y: y)
+    idx = bootstrap_indices(values.shape[-1], replicates, seed)
+    reps = np.moveaxis(np.mean(values[..., idx], axis=-1), -1, 0)  # (replicates, ..., points)
+    at = zero_crossing(x, curve(values.mean(-1)))
+    return Estimate(at, *percentile_interval(zero_crossing(x, curve(reps)), level))
 
 
 def crossing_thresholds(

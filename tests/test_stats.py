@@ -170,3 +170,20 @@ def test_zero_crossing_interpolates_the_last_sign_change():
     # the crossing of a line is its root wherever the grid puts the points around it
     slope, root = -0.7, 1.234
     assert stats.zero_crossing(x, slope * (x - root)) == pytest.approx(root)
+
+
+def test_crossing_interval_of_lines_is_their_mean_root():
+    """Each instance a line slope·(x − root_i): the mean curve is the line through the mean
+    root, so the crossing is that mean, and its interval a bootstrap interval of a mean of 400
+    roots (about ±1.96·sd/20); a curve of the mean moves the crossing as it should."""
+    rng = np.random.default_rng(3)
+    x = np.linspace(0.0, 4.0, 9)
+    roots = 2.0 + 0.3 * rng.standard_normal(400)
+    values = -0.7 * (x[:, None] - roots[None, :])  # (points, instances)
+    found = stats.crossing_interval(x, values)
+    assert found.value == pytest.approx(roots.mean())
+    half = 1.96 * roots.std() / 20
+    assert found.lower == pytest.approx(roots.mean() - half, abs=0.3 * half)
+    assert found.upper == pytest.approx(roots.mean() + half, abs=0.3 * half)
+    shifted = stats.crossing_interval(x, values, curve=lambda y: y + 0.7)  # root + 1
+    assert shifted.value == pytest.approx(roots.mean() + 1)

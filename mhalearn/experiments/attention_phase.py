@@ -100,9 +100,8 @@ class AttentionPhase(SolvableStudy):
     def derive(self, ds):
         """With both the positional and the semantic start: ``loss_gap`` per instance (their
         paired final training losses: every cell draws the same teachers and sequences) and
-        ``crossing_alpha`` per ω and d, where its mean over instances last changes sign
-        (:func:`~mhalearn.stats.zero_crossing`), with a bootstrap interval (1000 resamples of
-        the instances)."""
+        ``crossing_alpha`` per ω and d, where its mean over instances last changes sign, with a
+        bootstrap interval (:func:`~mhalearn.stats.crossing_interval`, 1000 resamples)."""
         if not {"positional", "semantic"} <= set(ds["init"].values.tolist()):
             return ds
         loss = ds["train_loss"]
@@ -110,11 +109,7 @@ class AttentionPhase(SolvableStudy):
             init="positional", drop=True
         )
         gap = ds["loss_gap"].transpose("omega", "dim", "alpha", "instance").values
-        idx = stats.bootstrap_indices(gap.shape[-1], 1000, self.seed)
-        alpha = ds["alpha"].values
-        reps = np.moveaxis(np.mean(gap[..., idx], axis=-1), -1, 0)  # (replicates, ω, d, α)
-        lower, upper = stats.percentile_interval(stats.zero_crossing(alpha, reps))
-        at = stats.zero_crossing(alpha, gap.mean(-1))
-        for suffix, value in (("", at), ("_lower", lower), ("_upper", upper)):
+        found = stats.crossing_interval(ds["alpha"].values, gap, replicates=1000, seed=self.seed)
+        for suffix, value in zip(("", "_lower", "_upper"), found, strict=True):
             ds[f"crossing_alpha{suffix}"] = (("omega", "dim"), value)
         return ds

@@ -75,7 +75,7 @@ def linear_baseline(
     d = Z.shape[-1]
     gram = jnp.einsum("nld,nkd->lk", Z, Z) + lmbda * d * jnp.eye(2, dtype=Z.dtype)
     cross = jnp.einsum("nfd,nld->fl", Y, Z)
-    return jnp.linalg.solve(gram.T, cross.T).T
+    return jnp.linalg.solve(gram, cross.T).T  # gram is symmetric: B = cross·gram⁻¹
 
 
 def teacher_outputs(
