@@ -37,6 +37,7 @@ import numpy as np
 
 import mhalearn as mh
 from mhalearn import solvers
+from mhalearn.metrics.recovery import largest_principal_angle
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import append_rows, machine, table
@@ -81,7 +82,7 @@ def ops(heads: int, dim: int, cpu: bool):
         "QR of dim² × heads": (solvers.orthonormal_basis, basis, tall),  # both LAPACK's signs
         "spectral norm of dim² × heads": (solvers.spectral_norm, norm, tall),
         "span angle (two QRs and a spectral norm)": (
-            lambda ab: mh.metrics.recovery.largest_principal_angle(*ab),
+            lambda ab: largest_principal_angle(*ab),
             None,
             lambda key: (rows(key), rows(jax.random.fold_in(key, 1))),
         ),
