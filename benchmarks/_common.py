@@ -12,7 +12,11 @@ from pathlib import Path
 
 import numpy as np
 
-RESULTS = Path(__file__).resolve().parent / "results"
+#: where rows are appended: ``benchmarks/results/``, or the folder named by the environment
+#: variable ``MHALEARN_BENCH_RESULTS`` (a trial run that must not touch the recorded rows)
+RESULTS = Path(
+    os.environ.get("MHALEARN_BENCH_RESULTS") or Path(__file__).resolve().parent / "results"
+)
 
 #: the standard benchmark shape: one Chen–Li layer fitted by full-batch GD (instances apart)
 STANDARD = dict(heads=4, dim=16, tokens=8, samples=512)
@@ -98,9 +102,9 @@ def peak_rss_mb() -> float:
 
 
 def append_rows(name: str, rows: list[dict]) -> Path:
-    """Append rows (with a timestamp) to ``benchmarks/results/NAME.csv``, header if new; a row
+    """Append rows (with a timestamp) to ``RESULTS/NAME.csv``, header if new; a row
     with columns the file lacks rewrites the file with the union of columns (old rows empty)."""
-    RESULTS.mkdir(exist_ok=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.csv"
     stamp = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     rows = [{"timestamp": stamp, **row} for row in rows]
