@@ -4,19 +4,22 @@
     python benchmarks/fused.py --instances 16384
 
 Times one full-batch loss-and-gradient of the Chen–Li layer per instance, ``jit(vmap(...))``
-over the instances, float32, for: ``fused`` (``mhalearn.fused.fused_loss_and_grad``: one
-Pallas kernel per instance on Triton; on a CPU it runs in Pallas' interpret mode, which says
-nothing of its speed), ``xla`` (``mhalearn.layer.squared_loss_and_grad``, products at
-'highest') and, where the shape allows, ``lanes`` (the samples-minor layout the CPU takes).
-Prints microseconds per instance-gradient, the rate against the float32 ceiling ('highest')
-measured in the same run, and the fused kernel's largest relative difference from ``xla``;
-appends rows to benchmarks/results/fused.csv. Where ``fused`` is faster on a GPU at the
-standard shape, ``mhalearn.fused.FUSED_ON_GPU`` may be turned on.
+over the instances, float32, for: ``fused_pairs`` and ``fused_blocks``
+(``mhalearn.fused.fused_loss_and_grad`` in each of its forms: one Pallas kernel per instance
+on Triton, tiles of ``TILE_ROWS`` rows on ``WARPS`` warps; on a CPU it runs in Pallas'
+interpret mode, which says nothing of its speed), ``xla``
+(``mhalearn.layer.squared_loss_and_grad``, products at 'highest') and, where the shape
+allows, ``lanes`` (the samples-minor layout the CPU takes). Prints microseconds per
+instance-gradient, the rate against the float32 ceiling ('highest') measured in the same run,
+and each kernel's largest relative difference from ``xla``; appends rows to
+benchmarks/results/fused.csv. Where a fused form is faster on a GPU at the standard shape,
+``mhalearn.fused.FORM`` may name it and ``mhalearn.fused.FUSED_ON_GPU`` be turned on.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import time
 from pathlib import Path
@@ -28,7 +31,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import STANDARD, append_rows, ceiling_gflops, layer_flops_per_step, machine, table
 
-from mhalearn.fused import fused_loss_and_grad
+from mhalearn.fused import FORMS, TILE_ROWS, WARPS, fused_loss_and_grad
 from mhalearn.layer import lanes_form, lanes_loss_and_grad, lay_out, squared_loss_and_grad
 
 
@@ -65,9 +68,13 @@ def main() -> None:
     theta = 4.0 * jax.random.normal(k[2], (B, m, d, d), jnp.float32) / d
     W = jax.random.normal(k[3], (B, m, d, d), jnp.float32) / np.sqrt(d)
     kernels = {
-        "fused": (jax.vmap(fused_loss_and_grad), (X, Y, theta, W)),
-        "xla": (jax.vmap(squared_loss_and_grad), (X, Y, theta, W)),
+        f"fused_{form}": (
+            jax.vmap(functools.partial(fused_loss_and_grad, form=form)),
+            (X, Y, theta, W),
+        )
+        for form in FORMS
     }
+    kernels["xla"] = (jax.vmap(squared_loss_and_grad), (X, Y, theta, W))
     if lanes_form(n, m, T, d, 4):
         kernels["lanes"] = (jax.vmap(lanes_loss_and_grad), (jax.vmap(lay_out)(X, Y), theta, W))
     flops = layer_flops_per_step(m, d, T, n)
@@ -83,19 +90,22 @@ def main() -> None:
                 "us_per_instance": 1e6 * run_s / B,
                 "gflops": B * flops / run_s / 1e9,
                 "pct_of_ceiling": 100 * B * flops / run_s / 1e9 / ceiling,
-                "interpret": name == "fused" and device.platform == "cpu",
+                "interpret": name.startswith("fused") and device.platform == "cpu",
             }
         )
         print(f"{name}: {1e6 * run_s / B:.1f} µs per instance (compile {compile_s:.1f} s)")
-    diff = max(
-        float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b)))
-        for a, b in zip(jax.tree.leaves(outs["fused"]), jax.tree.leaves(outs["xla"]), strict=True)
-    )
-    print(f"\n{device.device_kind}, shape {dict(heads=m, dim=d, tokens=T, samples=n)}:")
-    print(table(rows, ["kernel", "instances", "compile_s", "us_per_instance", "pct_of_ceiling"]))
-    print(f"fused vs xla: largest difference {diff:.2g} of the largest entry")
+    for row in rows:  # each kernel's largest difference from the XLA kernel's results
+        pairs = zip(jax.tree.leaves(outs[row["kernel"]]), jax.tree.leaves(outs["xla"]), strict=True)
+        row["max_rel_diff"] = max(
+            float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b))) for a, b in pairs
+        )
+    print(f"\n{device.device_kind}, shape {dict(heads=m, dim=d, tokens=T, samples=n)}, fused "
+          f"tiles of {TILE_ROWS} rows on {WARPS} warps:")  # fmt: skip
+    columns = ["kernel", "instances", "compile_s", "us_per_instance", "pct_of_ceiling"]
+    print(table(rows, [*columns, "max_rel_diff"]))
     context = {**machine(), "heads": m, "dim": d, "tokens": T, "samples": n}
-    context.update(device_kind=device.device_kind, jax=jax.__version__, max_rel_diff=diff)
+    context.update(device_kind=device.device_kind, jax=jax.__version__)
+    context.update(tile_rows=TILE_ROWS, warps=WARPS)
     path = append_rows("fused", [{**r, **context} for r in rows])
     print(f"rows appended to {path}")
 

@@ -18,7 +18,9 @@ The kernel is written for Pallas on Triton (``jax.experimental.pallas.triton``):
 powers of two and the matrix products take at least 16 rows and columns, so the dimension is
 zero-padded to a power of two of at least 16 and the samples to a whole number of tiles
 (zero sequences and zero features add nothing to the loss or the gradient); the number of
-tokens must be a power of two (:func:`fused_form`). On a CPU it runs in Pallas' interpret
+tokens must be a power of two (:func:`fused_form`). The per-sample products (the scores and
+the attention-weighted sums) take one of two forms (:data:`FORMS`), which a GPU is to choose
+between (``benchmarks/fused.py``). On a CPU it runs in Pallas' interpret
 mode, which is how the tests check it against the reference. Whether a problem uses it is
 :func:`fused_form`'s answer: only on a GPU, and only where :data:`FUSED_ON_GPU` says it was
 measured faster than the XLA kernel (``benchmarks/gpu_check.sh`` times both).
@@ -36,8 +38,20 @@ from jaxtyping import Array, Float
 #: whether a GPU's full-batch steps take the fused kernel: False until a GPU run of
 #: ``benchmarks/gpu_check.sh`` measures it faster than the XLA kernel at the standard shape
 FUSED_ON_GPU = False
-#: the (sample, token) rows of one tile: at least 16 (Triton's smallest matrix product)
-TILE_ROWS = 32
+#: the (sample, token) rows of one tile (a power of two, at least 16: Triton's smallest matrix
+#: product) and the warps of one kernel program: compiled for sm_90 (the H100 and H200) at the
+#: standard shape, 32 rows or 4 warps spill registers to the stack, 16 rows on 8 warps do not
+#: (``benchmarks/fused_registers.py``)
+TILE_ROWS = 16
+WARPS = 8
+#: the forms of the per-sample products (scores and attention-weighted sums) inside a tile:
+#: ``"pairs"``, each sample's tokens against its own tokens as broadcast products summed
+#: (tiles × tokens × tokens × dim numbers on chip); ``"blocks"``, the tile's rows against all
+#: its rows as matrix products, the scores between different samples masked out of the
+#: softmax (tiles × tokens more multiplications, but only (rows, rows) and (rows, dim) arrays)
+FORMS = ("pairs", "blocks")
+#: the form a GPU's full-batch steps take
+FORM = "pairs"
 
 
 def _pow2(n: int, low: int = 1) -> int:
@@ -47,7 +61,7 @@ def _pow2(n: int, low: int = 1) -> int:
 def fused_form(tokens: int, dtype) -> bool:
     """Whether a float32 training set with ``tokens`` tokens per sequence takes the fused
     kernel for its full-batch gradients: on a GPU, where :data:`FUSED_ON_GPU`, at a power of
-    two number of tokens up to :data:`TILE_ROWS`."""
+    two number of tokens up to :data:`TILE_ROWS`, in :data:`FORM`."""
     return (
         FUSED_ON_GPU
         and jax.default_backend() == "gpu"
@@ -57,45 +71,63 @@ def fused_form(tokens: int, dtype) -> bool:
     )
 
 
-def _kernel(tiles: int, per_tile: int, tokens: int, dim: int, heads: int):
-    """The kernel of one instance: ``tiles`` tiles of ``per_tile`` samples."""
+def _kernel(tiles: int, per_tile: int, tokens: int, dim: int, heads: int, form: str):
+    """The kernel of one instance: ``tiles`` tiles of ``per_tile`` samples, their per-sample
+    products in ``form`` (:data:`FORMS`)."""
     rows = per_tile * tokens
     exact = jax.lax.Precision.HIGHEST  # float32 products, not TensorFloat-32
 
     def dot(a, b):
         return jnp.dot(a, b, precision=exact)
 
-    def pairwise(a, X3):
-        """``a[n, t]·X[n, s]`` for every (n, t, s)."""
-        return jnp.sum(a[:, :, None, :] * X3[:, None, :, :], axis=-1)
+    if form == "pairs":
 
-    def weighted(a, X3):
-        """``Σ_s a[n, t, s] X[n, s]`` for every (n, t)."""
-        return jnp.sum(a[:, :, :, None] * X3[:, None, :, :], axis=2)
+        def scores(Q, X2):
+            """``S[n, t, s] = Q[n, t]·X[n, s]`` for every (n, t, s)."""
+            Q3, X3 = Q.reshape(per_tile, tokens, dim), X2.reshape(per_tile, tokens, dim)
+            return jnp.sum(Q3[:, :, None, :] * X3[:, None, :, :], axis=-1)
+
+        def attend(A, X2):
+            """``Σ_s A[n, t, s] X[n, s]`` for every (n, t), as (rows, dim)."""
+            X3 = X2.reshape(per_tile, tokens, dim)
+            return jnp.sum(A[:, :, :, None] * X3[:, None, :, :], axis=2).reshape(rows, dim)
+
+        def softmax(S):
+            E = jnp.exp(S - jnp.max(S, axis=-1, keepdims=True))
+            return E / jnp.sum(E, axis=-1, keepdims=True)
+
+    else:  # "blocks": the tile's rows against its rows, the other samples' blocks masked
+
+        def scores(Q, X2):
+            return dot(Q, X2.T)
+
+        def attend(A, X2):
+            return dot(A, X2)
+
+        def softmax(S):
+            row = jax.lax.broadcasted_iota(jnp.int32, (rows, rows), 0) // tokens
+            col = jax.lax.broadcasted_iota(jnp.int32, (rows, rows), 1) // tokens
+            S = jnp.where(row == col, S, -jnp.inf)
+            E = jnp.exp(S - jnp.max(S, axis=-1, keepdims=True))
+            return E / jnp.sum(E, axis=-1, keepdims=True)
 
     def kernel(x_ref, y_ref, theta_ref, w_ref, loss_ref, dtheta_ref, dw_ref):
-        thetas = [theta_ref[h] for h in range(heads)]
-        Ws = [w_ref[h] for h in range(heads)]
-
         def tile(i, carry):
             loss, dtheta, dW = carry
             start = pl.multiple_of(i * rows, rows)
             X2 = x_ref[pl.ds(start, rows), :]
             R = -y_ref[pl.ds(start, rows), :]
-            X3 = X2.reshape(per_tile, tokens, dim)
             A, Phi = [], []
             for h in range(heads):
-                S = pairwise(dot(X2, thetas[h]).reshape(per_tile, tokens, dim), X3)
-                E = jnp.exp(S - jnp.max(S, axis=-1, keepdims=True))
-                A.append(E / jnp.sum(E, axis=-1, keepdims=True))
-                Phi.append(weighted(A[h], X3))
-                R = R + dot(Phi[h].reshape(rows, dim), Ws[h])
+                A.append(softmax(scores(dot(X2, theta_ref[h]), X2)))
+                Phi.append(attend(A[h], X2))
+                R = R + dot(Phi[h], w_ref[h])
             new_dtheta, new_dW = [], []
             for h in range(heads):
-                new_dW.append(dW[h] + dot(Phi[h].reshape(rows, dim).T, R))
-                P = A[h] * pairwise(dot(R, Ws[h].T).reshape(per_tile, tokens, dim), X3)
-                dQ = weighted(P, X3) - jnp.sum(P, axis=-1, keepdims=True) * Phi[h]
-                new_dtheta.append(dtheta[h] + dot(X2.T, dQ.reshape(rows, dim)))
+                new_dW.append(dW[h] + dot(Phi[h].T, R))
+                P = A[h] * scores(dot(R, w_ref[h].T), X2)
+                dQ = attend(P, X2) - jnp.sum(P, axis=-1, keepdims=True).reshape(rows, 1) * Phi[h]
+                new_dtheta.append(dtheta[h] + dot(X2.T, dQ))
             return loss + jnp.sum(R * R), tuple(new_dtheta), tuple(new_dW)
 
         zero = jnp.zeros((dim, dim), jnp.float32)
@@ -115,25 +147,35 @@ def fused_loss_and_grad(
     theta: Float[Array, "heads dim dim"],
     W: Float[Array, "heads dim dim"],
     *,
+    form: str = FORM,
+    tile_rows: int = TILE_ROWS,
+    warps: int = WARPS,
     interpret: bool | None = None,
 ) -> tuple[Float[Array, ""], tuple[Float[Array, "heads dim dim"], Float[Array, "heads dim dim"]]]:
     """:func:`~mhalearn.layer.squared_loss_and_grad` (float32) as one Pallas kernel for one
-    instance; ``jax.vmap`` over instances makes them the kernel's grid. ``interpret``: run in
+    instance; ``jax.vmap`` over instances makes them the kernel's grid. ``form``: how the
+    per-sample products are formed inside a tile (:data:`FORMS`); ``tile_rows``: the
+    (sample, token) rows of a tile; ``warps``: of a program on a GPU. ``interpret``: run in
     Pallas' interpret mode (``None``: on a CPU).
 
     Raises:
-        ValueError: tokens not a power of two up to :data:`TILE_ROWS`, or not float32.
+        ValueError: tokens not a power of two up to ``tile_rows``, ``tile_rows`` not a power
+            of two of at least 16, not float32, or an unknown form.
     """
     n, T, d = X.shape
     m = theta.shape[0]
-    if T != _pow2(T) or T > TILE_ROWS:
-        raise ValueError(f"tokens must be a power of two up to {TILE_ROWS}, received {T}")
+    if form not in FORMS:
+        raise ValueError(f"form must be one of {FORMS}, received {form!r}")
+    if tile_rows != _pow2(tile_rows, 16):
+        raise ValueError(f"tile_rows must be a power of two of at least 16, received {tile_rows}")
+    if T != _pow2(T) or T > tile_rows:
+        raise ValueError(f"tokens must be a power of two up to {tile_rows}, received {T}")
     if any(jnp.dtype(a.dtype) != jnp.float32 for a in (X, Y, theta, W)):
         raise ValueError("the fused kernel takes float32 arrays")
     if interpret is None:
         interpret = jax.default_backend() == "cpu"
     D = _pow2(d, 16)
-    per_tile = TILE_ROWS // T
+    per_tile = tile_rows // T
     tiles = math.ceil(n / per_tile)
 
     def pad(a, shape):
@@ -151,9 +193,9 @@ def fused_loss_and_grad(
     else:
         from jax.experimental.pallas import triton as plt
 
-        options = dict(compiler_params=plt.CompilerParams(num_warps=4))
-    loss, dtheta, dW = pl.pallas_call(_kernel(tiles, per_tile, T, D, m), out_shape=out, **options)(
-        Xp, Yp, thetap, Wp
-    )
+        options = dict(compiler_params=plt.CompilerParams(num_warps=warps))
+    loss, dtheta, dW = pl.pallas_call(
+        _kernel(tiles, per_tile, T, D, m, form), out_shape=out, **options
+    )(Xp, Yp, thetap, Wp)
     size = n * T * d
     return loss[0] / size, (2 / size * dtheta[:, :d, :d], 2 / size * dW[:, :d, :d])

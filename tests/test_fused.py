@@ -12,7 +12,7 @@ import pytest
 from jax import export
 
 import mhalearn as mh
-from mhalearn.fused import fused_form, fused_loss_and_grad
+from mhalearn.fused import FORMS, fused_form, fused_loss_and_grad
 from mhalearn.layer import squared_loss_and_grad
 
 
@@ -34,14 +34,18 @@ def _close(got, want, rtol=2e-5):
 
 # odd sizes (transposed axes cannot pass by accident), a sample count that leaves a part
 # tile, one head, the standard benchmark shape's tokens and dim
-@pytest.mark.parametrize("n, T, d, m", [(33, 4, 5, 3), (7, 2, 3, 1), (24, 8, 16, 2)])
-def test_fused_kernel_equals_the_xla_kernel(n, T, d, m):
+# (and tokens 16 = a whole tile of the default size), in every form and at another tile size
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("n, T, d, m", [(33, 4, 5, 3), (7, 2, 3, 1), (24, 8, 16, 2), (5, 16, 3, 2)])
+def test_fused_kernel_equals_the_xla_kernel(n, T, d, m, form):
     args = _arrays(n, T, d, m)
-    _close(fused_loss_and_grad(*args), squared_loss_and_grad(*args))
+    want = squared_loss_and_grad(*args)
+    _close(fused_loss_and_grad(*args, form=form), want)
+    _close(fused_loss_and_grad(*args, form=form, tile_rows=32), want)
     # over instances (the kernel's grid), each instance its own training set and parameters
     batch = [_arrays(n, T, d, m, seed=s) for s in range(3)]
     stacked = jax.tree.map(lambda *a: jnp.stack(a), *batch)
-    got = jax.vmap(fused_loss_and_grad)(*stacked)
+    got = jax.vmap(functools.partial(fused_loss_and_grad, form=form))(*stacked)
     want = jax.vmap(squared_loss_and_grad)(*stacked)
     _close(got, want)
 
@@ -53,6 +57,13 @@ def test_fused_kernel_refuses_what_it_cannot_tile():
     X, Y, theta, W = _arrays(8, 4, 4, 2)
     with pytest.raises(ValueError, match="float32"):
         fused_loss_and_grad(X.astype(jnp.float64), Y, theta, W)
+    with pytest.raises(ValueError, match="form must be one of"):
+        fused_loss_and_grad(X, Y, theta, W, form="rows")
+    with pytest.raises(ValueError, match="tile_rows must be a power of two of at least 16"):
+        fused_loss_and_grad(X, Y, theta, W, tile_rows=24)
+    X, Y, theta, W = _arrays(8, 32, 4, 2)
+    with pytest.raises(ValueError, match="tokens must be a power of two up to 16"):
+        fused_loss_and_grad(X, Y, theta, W)
     assert not fused_form(4, jnp.float32)  # on this CPU, and until measured on a GPU
 
 
@@ -69,10 +80,11 @@ def test_a_fused_problem_fits_as_the_xla_one():
     _close(fused.params, plain.params, rtol=1e-4)
 
 
-def test_fused_kernel_lowers_for_a_gpu_through_triton():
+@pytest.mark.parametrize("form", FORMS)
+def test_fused_kernel_lowers_for_a_gpu_through_triton(form):
     args = _arrays(64, 8, 16, 4)
     stacked = jax.tree.map(lambda a: jnp.stack([a] * 5), args)
-    fn = jax.vmap(functools.partial(fused_loss_and_grad, interpret=False))
+    fn = jax.vmap(functools.partial(fused_loss_and_grad, form=form, interpret=False))
     text = export.export(
         jax.jit(fn),
         platforms=["cuda"],

@@ -1,0 +1,147 @@
+"""The fused kernel compiled for an H100 or H200 (sm_90) on this machine, no GPU needed: the
+registers and the spill stack of each kernel program's threads, per form × tile rows × warps.
+
+    pip install triton        # the compiler alone (about 300 MB); no GPU needed
+    python benchmarks/fused_registers.py [--heads M] [--dim D] [--tokens T]
+
+JAX lowers ``mhalearn.fused.fused_loss_and_grad`` to Triton's IR for CUDA, as ``jax.export``
+does for a GPU; the Triton package compiles that IR to machine code for sm_90, and its
+``cuobjdump`` reads the registers per thread and the stack. A program that spills keeps values
+in local memory, which is slow, and the registers per thread bound how many programs an SM
+runs at once (65 536 registers per SM, at most 255 per thread). The compiler here is the
+Triton package's, not the one that XLA carries, so these figures guide the kernel's defaults
+(``TILE_ROWS``, ``WARPS``); which form is faster is for a GPU to say (``fused.py``, a step
+of ``gpu_check.sh``). Rows go to benchmarks/results/fused_registers.csv.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+from jax import export
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import STANDARD, append_rows, machine, table
+
+from mhalearn import fused
+
+#: registers of one streaming multiprocessor (sm_90)
+SM_REGISTERS = 65536
+
+
+def triton_ir(shape: dict, form: str, tile_rows: int) -> str:
+    """The kernel's Triton IR for CUDA at ``shape``, as text (read where JAX's Pallas lowering
+    makes it: a private function, so this script follows JAX's versions)."""
+    from jax._src.pallas.triton import pallas_call_registration as registration
+
+    seen: list[str] = []
+    lower = registration.lowering.lower_jaxpr_to_triton_module
+
+    def keep(*args, **kwargs):
+        result = lower(*args, **kwargs)
+        seen.append(result.module.operation.get_asm(enable_debug_info=False))
+        return result
+
+    n, T, d, m = shape["samples"], shape["tokens"], shape["dim"], shape["heads"]
+    args = [jax.ShapeDtypeStruct(s, jnp.float32) for s in [(n, T, d)] * 2 + [(m, d, d)] * 2]
+    fn = functools.partial(
+        fused.fused_loss_and_grad, form=form, tile_rows=tile_rows, interpret=False
+    )
+    registration.lowering.lower_jaxpr_to_triton_module = keep
+    try:
+        export.export(
+            jax.jit(fn),
+            platforms=["cuda"],
+            disabled_checks=[export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")],
+        )(*args)
+    finally:
+        registration.lowering.lower_jaxpr_to_triton_module = lower
+    (text,) = seen
+    return text
+
+
+def resources(ir: str, warps: int) -> dict:
+    """Registers per thread, stack bytes per thread and shared bytes of the IR compiled for
+    sm_90 with ``warps`` warps."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        path = Path(tmp) / "kernel.ttir"
+        path.write_text(ir)
+        kernel = triton.compile(
+            str(path), target=GPUTarget("cuda", 90, 32), options={"num_warps": warps}
+        )
+        cubin = Path(tmp) / "kernel.cubin"
+        cubin.write_bytes(kernel.asm["cubin"])
+        tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+        usage = subprocess.run(
+            [str(tool), "--dump-resource-usage", str(cubin)],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    found = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+)", usage)
+    if found is None:
+        raise RuntimeError(f"cuobjdump printed no resource usage: {usage}")
+    registers, stack, shared = map(int, found.groups())
+    return dict(
+        registers=registers,
+        stack_bytes=stack,
+        shared_bytes=shared,
+        programs_per_sm=SM_REGISTERS // (registers * 32 * warps),
+    )
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    for k, v in STANDARD.items():
+        p.add_argument(f"--{k}", type=int, default=v)
+    p.add_argument("--tile-rows", type=int, nargs="*", default=[16, 32])
+    p.add_argument("--warps", type=int, nargs="*", default=[4, 8])
+    args = p.parse_args()
+    try:
+        import triton
+    except ImportError:
+        sys.exit("needs the Triton compiler: pip install triton")
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    shape = {k: getattr(args, k) for k in STANDARD}
+    rows = []
+    for form in fused.FORMS:
+        for tile_rows in args.tile_rows:
+            ir = triton_ir(shape, form, tile_rows)
+            for warps in args.warps:
+                rows.append(
+                    dict(
+                        **shape,
+                        form=form,
+                        tile_rows=tile_rows,
+                        warps=warps,
+                        **resources(ir, warps),
+                        default=(tile_rows, warps) == (fused.TILE_ROWS, fused.WARPS),
+                        triton=triton.__version__,
+                        jax=jax.__version__,
+                    )
+                )
+                print(rows[-1], flush=True)
+    print(f"\n{shape}, compiled for sm_90 by Triton {triton.__version__}:")
+    cols = ["form", "tile_rows", "warps", "registers", "stack_bytes", "programs_per_sm"]
+    print(table(rows, [*cols, "default"]))
+    append_rows("fused_registers", [{**machine(), **row} for row in rows])
+
+
+if __name__ == "__main__":
+    main()
