@@ -46,9 +46,10 @@ TILE_ROWS = 16
 WARPS = 8
 #: the forms of the per-sample products (scores and attention-weighted sums) inside a tile:
 #: ``"pairs"``, each sample's tokens against its own tokens as broadcast products summed
-#: (tiles × tokens × tokens × dim numbers on chip); ``"blocks"``, the tile's rows against all
-#: its rows as matrix products, the scores between different samples masked out of the
-#: softmax (tiles × tokens more multiplications, but only (rows, rows) and (rows, dim) arrays)
+#: (samples per tile × tokens × tokens × dim numbers on chip); ``"blocks"``, the tile's rows
+#: against all its rows as matrix products, the scores between different samples masked out
+#: of the softmax (samples per tile times the multiplications of those products, but only
+#: (rows, rows) and (rows, dim) arrays)
 FORMS = ("pairs", "blocks")
 #: the form a GPU's full-batch steps take
 FORM = "pairs"
@@ -92,9 +93,8 @@ def _kernel(tiles: int, per_tile: int, tokens: int, dim: int, heads: int, form: 
             X3 = X2.reshape(per_tile, tokens, dim)
             return jnp.sum(A[:, :, :, None] * X3[:, None, :, :], axis=2).reshape(rows, dim)
 
-        def softmax(S):
-            E = jnp.exp(S - jnp.max(S, axis=-1, keepdims=True))
-            return E / jnp.sum(E, axis=-1, keepdims=True)
+        def own(S):
+            return S
 
     else:  # "blocks": the tile's rows against its rows, the other samples' blocks masked
 
@@ -104,12 +104,15 @@ def _kernel(tiles: int, per_tile: int, tokens: int, dim: int, heads: int, form: 
         def attend(A, X2):
             return dot(A, X2)
 
-        def softmax(S):
+        def own(S):
+            """The scores of each sample's tokens against its own; the others −∞."""
             row = jax.lax.broadcasted_iota(jnp.int32, (rows, rows), 0) // tokens
             col = jax.lax.broadcasted_iota(jnp.int32, (rows, rows), 1) // tokens
-            S = jnp.where(row == col, S, -jnp.inf)
-            E = jnp.exp(S - jnp.max(S, axis=-1, keepdims=True))
-            return E / jnp.sum(E, axis=-1, keepdims=True)
+            return jnp.where(row == col, S, -jnp.inf)
+
+    def softmax(S):
+        E = jnp.exp(S - jnp.max(S, axis=-1, keepdims=True))
+        return E / jnp.sum(E, axis=-1, keepdims=True)
 
     def kernel(x_ref, y_ref, theta_ref, w_ref, loss_ref, dtheta_ref, dw_ref):
         def tile(i, carry):
@@ -119,7 +122,7 @@ def _kernel(tiles: int, per_tile: int, tokens: int, dim: int, heads: int, form: 
             R = -y_ref[pl.ds(start, rows), :]
             A, Phi = [], []
             for h in range(heads):
-                A.append(softmax(scores(dot(X2, theta_ref[h]), X2)))
+                A.append(softmax(own(scores(dot(X2, theta_ref[h]), X2))))
                 Phi.append(attend(A[h], X2))
                 R = R + dot(Phi[h], w_ref[h])
             new_dtheta, new_dW = [], []
