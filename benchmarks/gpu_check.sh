@@ -85,7 +85,8 @@ step() {  # step SECONDS "TRIAL ARGS" SCRIPT ARGS...: one benchmark under a time
     [ "$rc" -eq 0 ] || failed+=("${args[*]} (exit $rc)")
 }
 step 50 "--instances 4" benchmarks/accelerator_agreement.py --small
-step 120 "--steps 2" benchmarks/compare.py --steps 50 --impls mhalearn mhalearn_fit jax_naive
+step 120 "--steps 2 --shapes 3" \
+    benchmarks/compare.py --steps 50 --impls mhalearn mhalearn_fit jax_naive
 step 100 "--instances 16 --large 64 --chunk-size 16 --steps 2" \
     benchmarks/throughput.py --small --large 16384 --sweep
 step 70 "" benchmarks/recovery_speed.py --small --learners varpro
