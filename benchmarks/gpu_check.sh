@@ -19,15 +19,16 @@
 #      and the small linear-algebra calls of drawing and scoring as the package makes them
 #      (batched pieces) beside jnp.linalg's vmapped calls (benchmarks/linalg_ops.py, 4096
 #      instances);
-#   6. the fused Pallas loss-and-gradient kernel against the XLA kernel at the standard shape,
-#      4096 instances (benchmarks/fused.py): where it is faster, mhalearn.fused.FUSED_ON_GPU
-#      may be turned on;
+#   6. the fused Pallas loss-and-gradient kernel, in each of its forms, against the XLA kernel
+#      at the standard shape, 4096 instances (benchmarks/fused.py): where a form is faster,
+#      mhalearn.fused.FORM may name it and mhalearn.fused.FUSED_ON_GPU be turned on;
 #   7. the three targets judged from the rows of this run (benchmarks/gpu_targets.py): end to
 #      end faster than jit(vmap(scan)) at every shape, the fit alone at 30% of the float32
 #      ceiling with 16384 instances, variable projection 20 times faster per recovered teacher
 #      than the 2-core CPU's recorded rows.
-# Rows go under benchmarks/results/ (accelerator_agreement.csv, compare.csv, throughput.csv,
-# recovery_speed.csv, stages.csv, linalg_ops.csv, fused.csv; they carry the device kind). The
+# Rows go under benchmarks/results/, or MHALEARN_BENCH_RESULTS (accelerator_agreement.csv,
+# compare.csv, throughput.csv, recovery_speed.csv, stages.csv, linalg_ops.csv, fused.csv;
+# they carry the device kind). The
 # limits add up to 7 min 50 s. On an H200 on 2026-12-04, with the engine of that day, the
 # first four steps took 82 s (without --small), 119 s, over 130 s (with the instance sweep)
 # and over 150 s (log in benchmarks/results/gpu_check_h200.log). Install first, e.g.
