@@ -1,25 +1,28 @@
 """The fused Pallas loss-and-gradient kernel against the XLA kernels, on the default device.
 
     python benchmarks/fused.py                   # standard shape; GPU 4096 instances, CPU 8
-    python benchmarks/fused.py --instances 16384
+    python benchmarks/fused.py --instances 16384 --warps 4 8
 
 Times one full-batch loss-and-gradient of the Chen–Li layer per instance, ``jit(vmap(...))``
-over the instances, float32, for: ``fused_pairs`` and ``fused_blocks``
-(``mhalearn.fused.fused_loss_and_grad`` in each of its forms: one Pallas kernel per instance
-on Triton, tiles of ``TILE_ROWS`` rows on ``WARPS`` warps; on a CPU it runs in Pallas'
-interpret mode, which says nothing of its speed), ``xla``
+over the instances, float32, for: ``fused_pairs``, ``fused_blocks``, ``fused_pairs_recompute``
+and ``fused_blocks_recompute`` (``mhalearn.fused.fused_loss_and_grad`` in each of its forms,
+keeping every head's attention for the backward pass or forming it again: one Pallas kernel
+per instance on Triton, tiles of ``--tile-rows`` rows on each of ``--warps`` warps; on a CPU
+it runs in Pallas' interpret mode, which says nothing of its speed), ``xla``
 (``mhalearn.layer.squared_loss_and_grad``, products at 'highest') and, where the shape
 allows, ``lanes`` (the samples-minor layout the CPU takes). Prints microseconds per
 instance-gradient, the rate against the float32 ceiling ('highest') measured in the same run,
 and each kernel's largest relative difference from ``xla``; appends rows to
-benchmarks/results/fused.csv. Where a fused form is faster on a GPU at the standard shape,
-``mhalearn.fused.FORM`` may name it and ``mhalearn.fused.FUSED_ON_GPU`` be turned on.
+benchmarks/results/fused.csv. Where a fused variant is faster on a GPU at the standard shape,
+``mhalearn.fused`` may name it (``FORM``, ``RECOMPUTE``, ``TILE_ROWS``, ``WARPS``) and turn
+on ``FUSED_ON_GPU`` (``gpu_targets.py`` prints the fastest).
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import sys
 import time
 from pathlib import Path
@@ -56,6 +59,10 @@ def main() -> None:
     )
     p.add_argument("--instances", type=int, default=None, help="default GPU 4096, CPU 8")
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--tile-rows", type=int, default=TILE_ROWS, help="rows of a fused tile")
+    p.add_argument(
+        "--warps", type=int, nargs="+", default=[WARPS], help="of a fused program, each timed"
+    )
     for k, v in STANDARD.items():
         p.add_argument(f"--{k}", type=int, default=v)
     args = p.parse_args()
@@ -67,46 +74,55 @@ def main() -> None:
     Y = jax.random.normal(k[1], (B, n, T, d), jnp.float32)
     theta = 4.0 * jax.random.normal(k[2], (B, m, d, d), jnp.float32) / d
     W = jax.random.normal(k[3], (B, m, d, d), jnp.float32) / np.sqrt(d)
-    kernels = {
-        f"fused_{form}": (
-            jax.vmap(functools.partial(fused_loss_and_grad, form=form)),
-            (X, Y, theta, W),
-        )
-        for form in FORMS
-    }
-    kernels["xla"] = (jax.vmap(squared_loss_and_grad), (X, Y, theta, W))
+    # the XLA kernel first (the reference of every other), then each row appended as its
+    # kernel finishes, so that a run cut short by its time limit keeps what it measured
+    kernels = {("xla", None): (jax.vmap(squared_loss_and_grad), (X, Y, theta, W))}
     if lanes_form(n, m, T, d, 4):
-        kernels["lanes"] = (jax.vmap(lanes_loss_and_grad), (jax.vmap(lay_out)(X, Y), theta, W))
+        lanes = (jax.vmap(lanes_loss_and_grad), (jax.vmap(lay_out)(X, Y), theta, W))
+        kernels["lanes", None] = lanes
+    for recompute, form, warps in itertools.product((True, False), FORMS, args.warps):
+        fn = functools.partial(
+            fused_loss_and_grad,
+            form=form,
+            recompute=recompute,
+            tile_rows=args.tile_rows,
+            warps=warps,
+        )
+        name = f"fused_{form}" + ("_recompute" if recompute else "")
+        kernels[name, warps] = (jax.vmap(fn), (X, Y, theta, W))
     flops = layer_flops_per_step(m, d, T, n)
     ceiling = ceiling_gflops()
-    rows, outs = [], {}
-    for name, (fn, fn_args) in kernels.items():
-        compile_s, run_s, outs[name] = best_seconds(fn, fn_args, args.repeats)
+    context = {**machine(), "heads": m, "dim": d, "tokens": T, "samples": n}
+    context.update(device_kind=device.device_kind, jax=jax.__version__)
+    rows, want = [], None
+    for (name, warps), (fn, fn_args) in kernels.items():
+        compile_s, run_s, out = best_seconds(fn, fn_args, args.repeats)
+        want = want or jax.tree.leaves(out)
+        pairs = zip(jax.tree.leaves(out), want, strict=True)
         rows.append(
             {
                 "kernel": name,
+                "tile_rows": args.tile_rows if warps else None,
+                "warps": warps,
                 "instances": B,
                 "compile_s": compile_s,
                 "us_per_instance": 1e6 * run_s / B,
                 "gflops": B * flops / run_s / 1e9,
                 "pct_of_ceiling": 100 * B * flops / run_s / 1e9 / ceiling,
                 "interpret": name.startswith("fused") and device.platform == "cpu",
+                # the largest difference from the XLA kernel's results
+                "max_rel_diff": max(
+                    float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b))) for a, b in pairs
+                ),
             }
         )
-        print(f"{name}: {1e6 * run_s / B:.1f} µs per instance (compile {compile_s:.1f} s)")
-    for row in rows:  # each kernel's largest difference from the XLA kernel's results
-        pairs = zip(jax.tree.leaves(outs[row["kernel"]]), jax.tree.leaves(outs["xla"]), strict=True)
-        row["max_rel_diff"] = max(
-            float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b))) for a, b in pairs
-        )
-    print(f"\n{device.device_kind}, shape {dict(heads=m, dim=d, tokens=T, samples=n)}, fused "
-          f"tiles of {TILE_ROWS} rows on {WARPS} warps:")  # fmt: skip
-    columns = ["kernel", "instances", "compile_s", "us_per_instance", "pct_of_ceiling"]
+        path = append_rows("fused", [{**rows[-1], **context}])
+        on = f" on {warps} warps" if warps else ""
+        print(f"{name}{on}: {1e6 * run_s / B:.1f} µs per instance (compile {compile_s:.1f} s)")
+    print(f"\n{device.device_kind}, shape {dict(heads=m, dim=d, tokens=T, samples=n)}:")
+    columns = ["kernel", "tile_rows", "warps", "instances", "compile_s", "us_per_instance"]
+    columns.append("pct_of_ceiling")
     print(table(rows, [*columns, "max_rel_diff"]))
-    context = {**machine(), "heads": m, "dim": d, "tokens": T, "samples": n}
-    context.update(device_kind=device.device_kind, jax=jax.__version__)
-    context.update(tile_rows=TILE_ROWS, warps=WARPS)
-    path = append_rows("fused", [{**r, **context} for r in rows])
     print(f"rows appended to {path}")
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import os
 import re
 import subprocess
@@ -39,7 +40,7 @@ from mhalearn import fused
 SM_REGISTERS = 65536
 
 
-def triton_ir(shape: dict, form: str, tile_rows: int) -> str:
+def triton_ir(shape: dict, form: str, tile_rows: int, recompute: bool) -> str:
     """The kernel's Triton IR for CUDA at ``shape``, as text (read where JAX's Pallas lowering
     makes it: a private function, so this script follows JAX's versions)."""
     from jax._src.pallas.triton import pallas_call_registration as registration
@@ -55,7 +56,11 @@ def triton_ir(shape: dict, form: str, tile_rows: int) -> str:
     n, T, d, m = shape["samples"], shape["tokens"], shape["dim"], shape["heads"]
     args = [jax.ShapeDtypeStruct(s, jnp.float32) for s in [(n, T, d)] * 2 + [(m, d, d)] * 2]
     fn = functools.partial(
-        fused.fused_loss_and_grad, form=form, tile_rows=tile_rows, interpret=False
+        fused.fused_loss_and_grad,
+        form=form,
+        tile_rows=tile_rows,
+        recompute=recompute,
+        interpret=False,
     )
     registration.lowering.lower_jaxpr_to_triton_module = keep
     try:
@@ -120,25 +125,33 @@ def main() -> None:
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
     shape = {k: getattr(args, k) for k in STANDARD}
     rows = []
-    for form in fused.FORMS:
-        for tile_rows in args.tile_rows:
-            ir = triton_ir(shape, form, tile_rows)
-            for warps in args.warps:
-                rows.append(
-                    dict(
-                        **shape,
-                        form=form,
-                        tile_rows=tile_rows,
-                        warps=warps,
-                        **resources(ir, warps),
-                        default=(tile_rows, warps) == (fused.TILE_ROWS, fused.WARPS),
-                        triton=triton.__version__,
-                        jax=jax.__version__,
-                    )
+    for form, recompute, tile_rows in itertools.product(fused.FORMS, (False, True), args.tile_rows):
+        ir = triton_ir(shape, form, tile_rows, recompute)
+        for warps in args.warps:
+            rows.append(
+                dict(
+                    **shape,
+                    form=form,
+                    recompute=recompute,
+                    tile_rows=tile_rows,
+                    warps=warps,
+                    **resources(ir, warps),
+                    default=(tile_rows, warps) == (fused.TILE_ROWS, fused.WARPS),
+                    triton=triton.__version__,
+                    jax=jax.__version__,
                 )
-                print(rows[-1], flush=True)
+            )
+            print(rows[-1], flush=True)
     print(f"\n{shape}, compiled for sm_90 by Triton {triton.__version__}:")
-    cols = ["form", "tile_rows", "warps", "registers", "stack_bytes", "programs_per_sm"]
+    cols = [
+        "form",
+        "recompute",
+        "tile_rows",
+        "warps",
+        "registers",
+        "stack_bytes",
+        "programs_per_sm",
+    ]
     print(table(rows, [*cols, "default"]))
     append_rows("fused_registers", [{**machine(), **row} for row in rows])
 

@@ -19,13 +19,14 @@
 #      and the small linear-algebra calls of drawing and scoring as the package makes them
 #      (batched pieces) beside jnp.linalg's vmapped calls (benchmarks/linalg_ops.py, 4096
 #      instances);
-#   6. the fused Pallas loss-and-gradient kernel, in each of its forms, against the XLA kernel
-#      at the standard shape, 4096 instances (benchmarks/fused.py): where a form is faster,
-#      mhalearn.fused.FORM may name it and mhalearn.fused.FUSED_ON_GPU be turned on;
+#   6. the fused Pallas loss-and-gradient kernel, in each of its forms, keeping or recomputing
+#      each head's attention, on 4 and on 8 warps, against the XLA kernel at the standard
+#      shape, 4096 instances (benchmarks/fused.py);
 #   7. the three targets judged from the rows of this run (benchmarks/gpu_targets.py): end to
 #      end faster than jit(vmap(scan)) at every shape, the fit alone at 30% of the float32
 #      ceiling with 16384 instances, variable projection 20 times faster per recovered teacher
-#      than the 2-core CPU's recorded rows.
+#      than the 2-core CPU's recorded rows; and the fastest fused variant against the XLA
+#      kernel, with the settings of mhalearn/fused.py that would turn it on where faster.
 # Rows go under benchmarks/results/, or MHALEARN_BENCH_RESULTS (accelerator_agreement.csv,
 # compare.csv, throughput.csv, recovery_speed.csv, stages.csv, linalg_ops.csv, fused.csv;
 # they carry the device kind). The
@@ -93,7 +94,7 @@ step 100 "--instances 16 --large 64 --chunk-size 16 --steps 2" \
 step 70 "" benchmarks/recovery_speed.py --small --learners varpro
 step 40 "--instances 8 --steps 2 --repeats 1" benchmarks/stages.py
 step 30 "--instances 8 --repeats 1" benchmarks/linalg_ops.py
-step 50 "--instances 2 --samples 16 --repeats 1" benchmarks/fused.py
+step 50 "--instances 2 --samples 16 --repeats 1" benchmarks/fused.py --warps 4 8
 step 10 "--fit-instances 64" benchmarks/gpu_targets.py --since "$since"
 if [ ${#failed[@]} -gt 0 ]; then
     printf 'failed: %s\n' "${failed[@]}"

@@ -18,6 +18,11 @@ per target, the measured figure, the target and whether it is met:
    ``benchmarks/results/recovery_speed.csv`` at the same cell and number of teachers: met at
    20 times fewer seconds or better. Cold wall time (compilation included) is printed beside.
 
+Then, not a target but the choice it leaves to make: ``fused.csv``'s fastest variant of the
+fused kernel (form, recomputing or keeping each head's attention, tile rows, warps) against
+the XLA kernel, at the shape of the latest XLA row (the standard shape on a GPU), and the
+settings of ``mhalearn.fused`` that would make full-batch GPU steps take it where faster.
+
 The rows' device kind is printed with each figure; on a CPU (``gpu_check.sh --cpu``) the
 figures are a trial of the script and judge nothing. Exit status 1 where a target's rows are
 missing, 0 otherwise, whatever the verdicts.
@@ -131,6 +136,43 @@ def varpro(rows: list[dict], recorded: list[dict]) -> list[str]:
     return lines
 
 
+def fused_choice(rows: list[dict]) -> list[str]:
+    xla = [r for r in rows if r["kernel"] == "xla"]
+    if not xla:
+        raise LookupError("fused.csv: no XLA row")
+    keys = (*STANDARD, "instances")  # the latest XLA row's shape (the standard one on a GPU)
+    shape = {k: int(xla[-1][k]) for k in keys}
+    fused = [
+        r
+        for r in rows
+        if r["kernel"].startswith("fused_") and all(int(r[k]) == v for k, v in shape.items())
+    ]
+    if not fused:
+        raise LookupError(f"fused.csv: no fused row beside the XLA row at {shape}")
+    ref = float(xla[-1]["us_per_instance"])
+    best = min(fused, key=lambda r: float(r["us_per_instance"]))
+    us = float(best["us_per_instance"])
+    form = best["kernel"].removeprefix("fused_").removesuffix("_recompute")
+    settings = (
+        f"FORM = {form!r}, RECOMPUTE = {best['kernel'].endswith('_recompute')}, "
+        f"TILE_ROWS = {best['tile_rows']}, WARPS = {best['warps']}, FUSED_ON_GPU = True"
+    )
+    ratio = ref / us
+    lines = [
+        f"the fused kernel on {best['device_kind']} at {shape} (a choice, not a target): "
+        f"the fastest, {best['kernel']} "
+        f"({best['tile_rows']} rows, {best['warps']} warps), {us:.3g} µs per instance "
+        f"against the XLA kernel's {ref:.3g} µs: {ratio:.3g}×",
+    ]
+    if best["device_kind"] == "cpu":
+        lines.append("  on a CPU the fused kernel runs in interpret mode: no choice to make")
+    elif ratio > 1:
+        lines.append(f"  faster: in mhalearn/fused.py set {settings}")
+    else:
+        lines.append("  not faster: keep FUSED_ON_GPU = False")
+    return lines
+
+
 def main() -> None:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -148,6 +190,7 @@ def main() -> None:
         "compare": end_to_end,
         "throughput": lambda rows: fit_alone(rows, args.fit_instances),
         "recovery_speed": lambda rows: varpro(rows, read(RECORDED)),
+        "fused": fused_choice,
     }
     missing = []
     for name, judge in judged.items():

@@ -19,8 +19,10 @@ powers of two and the matrix products take at least 16 rows and columns, so the 
 zero-padded to a power of two of at least 16 and the samples to a whole number of tiles
 (zero sequences and zero features add nothing to the loss or the gradient); the number of
 tokens must be a power of two (:func:`fused_form`). The per-sample products (the scores and
-the attention-weighted sums) take one of two forms (:data:`FORMS`), which a GPU is to choose
-between (``benchmarks/fused.py``). On a CPU it runs in Pallas' interpret
+the attention-weighted sums) take one of two forms (:data:`FORMS`), and a tile's backward pass
+either keeps every head's attention and features from the forward pass or forms them again one
+head at a time (:data:`RECOMPUTE`: fewer registers, more FLOPs); a GPU is to choose between
+them (``benchmarks/fused.py``). On a CPU it runs in Pallas' interpret
 mode, which is how the tests check it against the reference. Whether a problem uses it is
 :func:`fused_form`'s answer: only on a GPU, and only where :data:`FUSED_ON_GPU` says it was
 measured faster than the XLA kernel (``benchmarks/gpu_check.sh`` times both).
@@ -53,28 +55,41 @@ WARPS = 8
 FORMS = ("pairs", "blocks")
 #: the form a GPU's full-batch steps take
 FORM = "pairs"
+#: whether a tile's backward pass forms each head's attention and features again, one head on
+#: chip at a time, rather than keeping every head's from the forward pass (which the registers
+#: of one program grow with: ``benchmarks/fused_registers.py``)
+RECOMPUTE = False
+#: the largest dimension whose problems take the kernel: the standard shape's, which the GPU
+#: check times; compiled for sm_90, the forms that keep every head spill registers at
+#: dimension 32 and every form spills at 64 (``benchmarks/fused_registers.py --dim``)
+MAX_DIM = 16
 
 
 def _pow2(n: int, low: int = 1) -> int:
     return max(low, 1 << (n - 1).bit_length())
 
 
-def fused_form(tokens: int, dtype) -> bool:
-    """Whether a float32 training set with ``tokens`` tokens per sequence takes the fused
-    kernel for its full-batch gradients: on a GPU, where :data:`FUSED_ON_GPU`, at a power of
-    two number of tokens up to :data:`TILE_ROWS`, in :data:`FORM`."""
+def fused_form(tokens: int, dim: int, dtype) -> bool:
+    """Whether a float32 training set of ``tokens`` tokens of dimension ``dim`` per sequence
+    takes the fused kernel for its full-batch gradients: on a GPU, where :data:`FUSED_ON_GPU`,
+    at a power of two number of tokens up to :data:`TILE_ROWS` and a dimension up to
+    :data:`MAX_DIM`, in :data:`FORM` (and :data:`RECOMPUTE`)."""
     return (
         FUSED_ON_GPU
         and jax.default_backend() == "gpu"
         and jnp.dtype(dtype) == jnp.float32
         and tokens == _pow2(tokens)
         and tokens <= TILE_ROWS
+        and dim <= MAX_DIM
     )
 
 
-def _kernel(tiles: int, per_tile: int, tokens: int, dim: int, heads: int, form: str):
+def _kernel(
+    tiles: int, per_tile: int, tokens: int, dim: int, heads: int, form: str, recompute: bool
+):
     """The kernel of one instance: ``tiles`` tiles of ``per_tile`` samples, their per-sample
-    products in ``form`` (:data:`FORMS`)."""
+    products in ``form`` (:data:`FORMS`), each head's attention formed again for the backward
+    pass where ``recompute``."""
     rows = per_tile * tokens
     exact = jax.lax.Precision.HIGHEST  # float32 products, not TensorFloat-32
 
@@ -115,31 +130,65 @@ def _kernel(tiles: int, per_tile: int, tokens: int, dim: int, heads: int, form: 
         return E / jnp.sum(E, axis=-1, keepdims=True)
 
     def kernel(x_ref, y_ref, theta_ref, w_ref, loss_ref, dtheta_ref, dw_ref):
+        def attention(X2, h):
+            """Head ``h``'s attention of a tile's rows."""
+            return softmax(own(scores(dot(X2, theta_ref[h]), X2)))
+
+        def backward(X2, R, A, Phi, h):
+            """Head ``h``'s gradient of a tile: (dΘ_h, dW_h)."""
+            P = A * scores(dot(R, w_ref[h].T), X2)
+            dQ = attend(P, X2) - jnp.sum(P, axis=-1, keepdims=True).reshape(rows, 1) * Phi
+            return dot(X2.T, dQ), dot(Phi.T, R)
+
         def tile(i, carry):
             loss, dtheta, dW = carry
             start = pl.multiple_of(i * rows, rows)
             X2 = x_ref[pl.ds(start, rows), :]
             R = -y_ref[pl.ds(start, rows), :]
-            A, Phi = [], []
-            for h in range(heads):
-                A.append(softmax(own(scores(dot(X2, theta_ref[h]), X2))))
-                Phi.append(attend(A[h], X2))
-                R = R + dot(Phi[h], w_ref[h])
-            new_dtheta, new_dW = [], []
-            for h in range(heads):
-                new_dW.append(dW[h] + dot(Phi[h].T, R))
-                P = A[h] * scores(dot(R, w_ref[h].T), X2)
-                dQ = attend(P, X2) - jnp.sum(P, axis=-1, keepdims=True).reshape(rows, 1) * Phi[h]
-                new_dtheta.append(dtheta[h] + dot(X2.T, dQ))
-            return loss + jnp.sum(R * R), tuple(new_dtheta), tuple(new_dW)
+            if not recompute:  # every head's attention and features on chip
+                A = [attention(X2, h) for h in range(heads)]
+                Phi = [attend(A[h], X2) for h in range(heads)]
+                R = R + sum(dot(Phi[h], w_ref[h]) for h in range(heads))
+                grads = [backward(X2, R, A[h], Phi[h], h) for h in range(heads)]
+                dtheta = tuple(a + g for a, (g, _) in zip(dtheta, grads, strict=True))
+                dW = tuple(a + g for a, (_, g) in zip(dW, grads, strict=True))
+                return loss + jnp.sum(R * R), dtheta, dW
+
+            # one head on chip at a time: its forward pass again in the backward pass, in
+            # loops that the compiler cannot merge back into one
+            def residual(h, R):
+                return R + dot(attend(attention(X2, h), X2), w_ref[h])
+
+            R = jax.lax.fori_loop(0, heads, residual, R)
+
+            def gradient(h, carry):
+                dtheta, dW = carry
+                Ah = attention(X2, h)
+                g_theta, g_W = backward(X2, R, Ah, attend(Ah, X2), h)
+                at = jax.lax.broadcasted_iota(jnp.int32, (heads, dim, dim), 0) == h
+                return (
+                    jnp.where(at, dtheta + g_theta[None], dtheta),
+                    jnp.where(at, dW + g_W[None], dW),
+                )
+
+            dtheta, dW = jax.lax.fori_loop(0, heads, gradient, (dtheta, dW))
+            return loss + jnp.sum(R * R), dtheta, dW
 
         zero = jnp.zeros((dim, dim), jnp.float32)
-        start = (jnp.zeros((), jnp.float32), (zero,) * heads, (zero,) * heads)
+        if recompute:
+            grads = (jnp.zeros((heads, dim, dim), jnp.float32),) * 2
+        else:
+            grads = ((zero,) * heads, (zero,) * heads)
+        start = (jnp.zeros((), jnp.float32), *grads)
         loss, dtheta, dW = jax.lax.fori_loop(0, tiles, tile, start)
         loss_ref[...] = jnp.full(loss_ref.shape, loss)
-        for h in range(heads):
-            dtheta_ref[h] = dtheta[h]
-            dw_ref[h] = dW[h]
+        if recompute:
+            dtheta_ref[...] = dtheta
+            dw_ref[...] = dW
+        else:
+            for h in range(heads):
+                dtheta_ref[h] = dtheta[h]
+                dw_ref[h] = dW[h]
 
     return kernel
 
@@ -153,13 +202,15 @@ def fused_loss_and_grad(
     form: str = FORM,
     tile_rows: int = TILE_ROWS,
     warps: int = WARPS,
+    recompute: bool = RECOMPUTE,
     interpret: bool | None = None,
 ) -> tuple[Float[Array, ""], tuple[Float[Array, "heads dim dim"], Float[Array, "heads dim dim"]]]:
     """:func:`~mhalearn.layer.squared_loss_and_grad` (float32) as one Pallas kernel for one
     instance; ``jax.vmap`` over instances makes them the kernel's grid. ``form``: how the
     per-sample products are formed inside a tile (:data:`FORMS`); ``tile_rows``: the
-    (sample, token) rows of a tile; ``warps``: of a program on a GPU. ``interpret``: run in
-    Pallas' interpret mode (``None``: on a CPU).
+    (sample, token) rows of a tile; ``warps``: of a program on a GPU; ``recompute``: each
+    head's attention formed again in the backward pass, one head on chip at a time
+    (:data:`RECOMPUTE`). ``interpret``: run in Pallas' interpret mode (``None``: on a CPU).
 
     Raises:
         ValueError: tokens not a power of two up to ``tile_rows``, ``tile_rows`` not a power
@@ -198,7 +249,7 @@ def fused_loss_and_grad(
 
         options = dict(compiler_params=plt.CompilerParams(num_warps=warps))
     loss, dtheta, dW = pl.pallas_call(
-        _kernel(tiles, per_tile, T, D, m, form), out_shape=out, **options
+        _kernel(tiles, per_tile, T, D, m, form, recompute), out_shape=out, **options
     )(Xp, Yp, thetap, Wp)
     size = n * T * d
     return loss[0] / size, (2 / size * dtheta[:, :d, :d], 2 / size * dW[:, :d, :d])

@@ -196,7 +196,7 @@ class RegressionProblem(eqx.Module):
         n, T, d = self.X.shape
         if self.fused or self.lanes is not None:
             return self
-        if fused_form(T, self.X.dtype):
+        if fused_form(T, d, self.X.dtype):
             return dataclasses.replace(self, fused=True)
         if not lanes_form(n, self.heads, T, d, self.X.dtype.itemsize):
             return self

@@ -127,7 +127,8 @@ def test_the_gpu_check_runs_every_step_on_the_cpu_at_trial_sizes(tmp_path):
     assert all(float(row["inst_steps_per_s"]) > 0 for row in compare)
     # the verdict read this run's rows, variable projection's against a recorded CPU row
     verdict = out.stdout[out.stdout.index("benchmarks/gpu_targets.py") :]
-    for line in ("1. end to end on cpu", "2. the fit alone on cpu", "3. variable projection on"):
+    lines = ("1. end to end on cpu", "2. the fit alone on cpu", "3. variable projection on")
+    for line in [*lines, "the fused kernel on cpu"]:
         assert line in verdict
     assert "no 2-core CPU row recorded" not in verdict
 
@@ -211,3 +212,23 @@ def test_the_targets_are_judged_from_the_rows():
     row["s_per_recovered_steady"] = "0.002"
     assert "10× (target: 20×): NOT met" in t.varpro([row], recorded)[0]
     assert "no 2-core CPU row" in t.varpro([{**row, "teachers": "8"}], recorded)[0]
+
+    fused = dict(t.STANDARD, instances=4096, device_kind="H100", tile_rows="16")
+    rows = [
+        {**fused, "kernel": "xla", "dim": 8, "us_per_instance": "1", "warps": ""},  # earlier
+        {**fused, "kernel": "xla", "us_per_instance": "10", "tile_rows": "", "warps": ""},
+        {**fused, "kernel": "fused_pairs", "warps": "8", "us_per_instance": "12"},
+        {**fused, "kernel": "fused_blocks_recompute", "warps": "4", "us_per_instance": "5"},
+        {**fused, "dim": 8, "kernel": "fused_pairs", "warps": "8", "us_per_instance": "1"},
+    ]
+    head, advice = t.fused_choice(rows)
+    assert "fused_blocks_recompute (16 rows, 4 warps), 5 µs" in head and head.endswith("2×")
+    assert advice.endswith(
+        "FORM = 'blocks', RECOMPUTE = True, TILE_ROWS = 16, WARPS = 4, FUSED_ON_GPU = True"
+    )
+    head, advice = t.fused_choice(rows[:3])
+    assert head.endswith("0.833×") and advice.endswith("keep FUSED_ON_GPU = False")
+    with pytest.raises(LookupError):  # no fused row at the latest XLA row's shape
+        t.fused_choice([rows[1], rows[4]])
+    with pytest.raises(LookupError):
+        t.fused_choice(rows[2:])

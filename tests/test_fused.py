@@ -25,6 +25,12 @@ def _arrays(n, T, d, m, seed=0, beta=3.0):
     return tuple(a.astype(jnp.float32) for a in (X, Y, theta, W))
 
 
+#: every form, keeping each head's attention or forming it again for the backward pass
+VARIANTS = pytest.mark.parametrize(
+    "form, recompute", [(form, recompute) for form in FORMS for recompute in (False, True)]
+)
+
+
 def _close(got, want, rtol=2e-5):
     """Equal to float32 rounding, relative to each array's largest entry."""
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
@@ -34,30 +40,33 @@ def _close(got, want, rtol=2e-5):
 
 # odd sizes (transposed axes cannot pass by accident), a sample count that leaves a part
 # tile, one head, the standard benchmark shape's tokens and dim
-# (and tokens 16 = a whole tile of the default size), in every form
-@pytest.mark.parametrize("form", FORMS)
+# (and tokens 16 = a whole tile of the default size), in every variant
+@VARIANTS
 @pytest.mark.parametrize("n, T, d, m", [(33, 4, 5, 3), (7, 2, 3, 1), (24, 8, 16, 2), (5, 16, 3, 2)])
-def test_fused_kernel_equals_the_xla_kernel(n, T, d, m, form):
+def test_fused_kernel_equals_the_xla_kernel(n, T, d, m, form, recompute):
     args = _arrays(n, T, d, m)
-    _close(fused_loss_and_grad(*args, form=form), squared_loss_and_grad(*args))
+    got = fused_loss_and_grad(*args, form=form, recompute=recompute)
+    _close(got, squared_loss_and_grad(*args))
 
 
-@pytest.mark.parametrize("form", FORMS)
-def test_fused_kernel_over_instances_equals_the_xla_kernel(form):
+@VARIANTS
+def test_fused_kernel_over_instances_equals_the_xla_kernel(form, recompute):
     """Over instances (the kernel's grid), each instance its own training set and parameters:
     17 samples of 4 tokens leave a part tile."""
     batch = [_arrays(17, 4, 5, 2, seed=s) for s in range(3)]
     stacked = jax.tree.map(lambda *a: jnp.stack(a), *batch)
-    got = jax.vmap(functools.partial(fused_loss_and_grad, form=form))(*stacked)
+    fn = functools.partial(fused_loss_and_grad, form=form, recompute=recompute)
+    got = jax.vmap(fn)(*stacked)
     want = jax.vmap(squared_loss_and_grad)(*stacked)
     _close(got, want)
 
 
-@pytest.mark.parametrize("form", FORMS)
-def test_a_larger_tile_gives_the_same_gradient(form):
+@VARIANTS
+def test_a_larger_tile_gives_the_same_gradient(form, recompute):
     """32 rows per tile: several samples of 4 tokens, and a part tile of the 13 samples."""
     args = _arrays(13, 4, 5, 2)
-    _close(fused_loss_and_grad(*args, form=form, tile_rows=32), squared_loss_and_grad(*args))
+    got = fused_loss_and_grad(*args, form=form, recompute=recompute, tile_rows=32)
+    _close(got, squared_loss_and_grad(*args))
 
 
 def test_fused_kernel_refuses_what_it_cannot_tile():
@@ -74,7 +83,7 @@ def test_fused_kernel_refuses_what_it_cannot_tile():
     X, Y, theta, W = _arrays(8, 32, 4, 2)
     with pytest.raises(ValueError, match="tokens must be a power of two up to 16"):
         fused_loss_and_grad(X, Y, theta, W)
-    assert not fused_form(4, jnp.float32)  # on this CPU, and until measured on a GPU
+    assert not fused_form(4, 16, jnp.float32)  # on this CPU, and until measured on a GPU
 
 
 def test_a_fused_problem_fits_as_the_xla_one():
@@ -90,11 +99,12 @@ def test_a_fused_problem_fits_as_the_xla_one():
     _close(fused.params, plain.params, rtol=1e-4)
 
 
-@pytest.mark.parametrize("form", FORMS)
-def test_fused_kernel_lowers_for_a_gpu_through_triton(form):
+@VARIANTS
+def test_fused_kernel_lowers_for_a_gpu_through_triton(form, recompute):
     args = _arrays(64, 8, 16, 4)
     stacked = jax.tree.map(lambda a: jnp.stack([a] * 5), args)
-    fn = jax.vmap(functools.partial(fused_loss_and_grad, form=form, interpret=False))
+    fn = functools.partial(fused_loss_and_grad, form=form, recompute=recompute, interpret=False)
+    fn = jax.vmap(fn)
     text = export.export(
         jax.jit(fn),
         platforms=["cuda"],
