@@ -12,8 +12,9 @@ it runs in Pallas' interpret mode, which says nothing of its speed), ``xla``
 (``mhalearn.layer.squared_loss_and_grad``, products at 'highest') and, where the shape
 allows, ``lanes`` (the samples-minor layout the CPU takes). Prints microseconds per
 instance-gradient, the rate against the float32 ceiling ('highest') measured in the same run,
-and each kernel's largest relative difference from ``xla``; appends rows to
-benchmarks/results/fused.csv. Where a fused variant is faster on a GPU at the standard shape,
+and each kernel's largest relative difference from ``xla``; appends each row to
+benchmarks/results/fused.csv as its kernel finishes (a fused variant that fails is recorded
+with its error, the others still run, and the exit status is 1). Where a fused variant is faster on a GPU at the standard shape,
 ``mhalearn.fused`` may name it (``FORM``, ``RECOMPUTE``, ``TILE_ROWS``, ``WARPS``) and turn
 on ``FUSED_ON_GPU`` (``gpu_targets.py`` prints the fastest).
 """
@@ -94,36 +95,44 @@ def main() -> None:
     ceiling = ceiling_gflops()
     context = {**machine(), "heads": m, "dim": d, "tokens": T, "samples": n}
     context.update(device_kind=device.device_kind, jax=jax.__version__)
-    rows, want = [], None
+    rows, want, failed = [], None, []
     for (name, warps), (fn, fn_args) in kernels.items():
-        compile_s, run_s, out = best_seconds(fn, fn_args, args.repeats)
+        on = f" on {warps} warps" if warps else ""
+        row = dict(kernel=name, tile_rows=args.tile_rows if warps else None, warps=warps)
+        row.update(instances=B, interpret=name.startswith("fused") and device.platform == "cpu")
+        try:
+            compile_s, run_s, out = best_seconds(fn, fn_args, args.repeats)
+        except Exception as e:  # a variant that fails is reported, and the others still run
+            if want is None:
+                raise  # the XLA kernel: nothing to compare against
+            failed.append(f"{name}{on}")
+            error = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300]}"
+            print(f"{name}{on} failed: {error}")
+            rows.append({**row, "error": error})
+            path = append_rows("fused", [{**rows[-1], **context}])
+            continue
         want = want or jax.tree.leaves(out)
         pairs = zip(jax.tree.leaves(out), want, strict=True)
-        rows.append(
-            {
-                "kernel": name,
-                "tile_rows": args.tile_rows if warps else None,
-                "warps": warps,
-                "instances": B,
-                "compile_s": compile_s,
-                "us_per_instance": 1e6 * run_s / B,
-                "gflops": B * flops / run_s / 1e9,
-                "pct_of_ceiling": 100 * B * flops / run_s / 1e9 / ceiling,
-                "interpret": name.startswith("fused") and device.platform == "cpu",
-                # the largest difference from the XLA kernel's results
-                "max_rel_diff": max(
-                    float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b))) for a, b in pairs
-                ),
-            }
+        row.update(
+            compile_s=compile_s,
+            us_per_instance=1e6 * run_s / B,
+            gflops=B * flops / run_s / 1e9,
+            pct_of_ceiling=100 * B * flops / run_s / 1e9 / ceiling,
+            # the largest difference from the XLA kernel's results
+            max_rel_diff=max(
+                float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b))) for a, b in pairs
+            ),
         )
+        rows.append(row)
         path = append_rows("fused", [{**rows[-1], **context}])
-        on = f" on {warps} warps" if warps else ""
         print(f"{name}{on}: {1e6 * run_s / B:.1f} µs per instance (compile {compile_s:.1f} s)")
     print(f"\n{device.device_kind}, shape {dict(heads=m, dim=d, tokens=T, samples=n)}:")
     columns = ["kernel", "tile_rows", "warps", "instances", "compile_s", "us_per_instance"]
     columns.append("pct_of_ceiling")
-    print(table(rows, [*columns, "max_rel_diff"]))
+    print(table([r for r in rows if "error" not in r], [*columns, "max_rel_diff"]))
     print(f"rows appended to {path}")
+    if failed:
+        sys.exit(f"failed: {', '.join(failed)}")
 
 
 if __name__ == "__main__":

@@ -136,6 +136,15 @@ def varpro(rows: list[dict], recorded: list[dict]) -> list[str]:
     return lines
 
 
+#: the largest relative difference from the XLA kernel's results of a fused variant that may
+#: be chosen (float32 rounding over a full-batch sum)
+AGREE = 1e-4
+
+
+def _agrees(row: dict) -> bool:
+    return float(row["max_rel_diff"]) <= AGREE
+
+
 def fused_choice(rows: list[dict]) -> list[str]:
     xla = [r for r in rows if r["kernel"] == "xla"]
     if not xla:
@@ -147,8 +156,15 @@ def fused_choice(rows: list[dict]) -> list[str]:
         for r in rows
         if r["kernel"].startswith("fused_") and all(int(r[k]) == v for k, v in shape.items())
     ]
+    # a variant that failed, or whose results differ from the XLA kernel's by more than
+    # float32 rounding, is not a choice
+    unfit = [r for r in fused if not r.get("us_per_instance") or not _agrees(r)]
+    fused = [r for r in fused if r not in unfit]
     if not fused:
-        raise LookupError(f"fused.csv: no fused row beside the XLA row at {shape}")
+        why = f" ({len(unfit)} failed or disagreed: {unfit[0].get('error') or 'disagreed'})"
+        raise LookupError(
+            f"fused.csv: no fused row that ran and agreed at {shape}" + why * bool(unfit)
+        )
     ref = float(xla[-1]["us_per_instance"])
     best = min(fused, key=lambda r: float(r["us_per_instance"]))
     us = float(best["us_per_instance"])
@@ -164,6 +180,9 @@ def fused_choice(rows: list[dict]) -> list[str]:
         f"({best['tile_rows']} rows, {best['warps']} warps), {us:.3g} µs per instance "
         f"against the XLA kernel's {ref:.3g} µs: {ratio:.3g}×",
     ]
+    for r in unfit:
+        why = r.get("error") or f"differs from the XLA kernel by {float(r['max_rel_diff']):.3g}"
+        lines.append(f"  left out: {r['kernel']} on {r['warps']} warps: {why}")
     if best["device_kind"] == "cpu":
         lines.append("  on a CPU the fused kernel runs in interpret mode: no choice to make")
     elif ratio > 1:

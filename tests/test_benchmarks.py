@@ -220,9 +220,18 @@ def test_the_targets_are_judged_from_the_rows():
         {**fused, "kernel": "fused_pairs", "warps": "8", "us_per_instance": "12"},
         {**fused, "kernel": "fused_blocks_recompute", "warps": "4", "us_per_instance": "5"},
         {**fused, "dim": 8, "kernel": "fused_pairs", "warps": "8", "us_per_instance": "1"},
+        {**fused, "kernel": "fused_blocks", "warps": "8", "us_per_instance": "", "error": "E"},
+        {**fused, "kernel": "fused_pairs", "warps": "4", "us_per_instance": "1"},  # wrong
     ]
-    head, advice = t.fused_choice(rows)
+    for row in rows:
+        row.setdefault("max_rel_diff", "3e-7")
+    rows[-1]["max_rel_diff"] = "0.01"
+    head, *left_out, advice = t.fused_choice(rows)
     assert "fused_blocks_recompute (16 rows, 4 warps), 5 µs" in head and head.endswith("2×")
+    assert left_out == [
+        "  left out: fused_blocks on 8 warps: E",
+        "  left out: fused_pairs on 4 warps: differs from the XLA kernel by 0.01",
+    ]
     assert advice.endswith(
         "FORM = 'blocks', RECOMPUTE = True, TILE_ROWS = 16, WARPS = 4, FUSED_ON_GPU = True"
     )
