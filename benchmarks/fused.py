@@ -14,9 +14,10 @@ allows, ``lanes`` (the samples-minor layout the CPU takes). Prints microseconds 
 instance-gradient, the rate against the float32 ceiling ('highest') measured in the same run,
 and each kernel's largest relative difference from ``xla``; appends each row to
 benchmarks/results/fused.csv as its kernel finishes (a fused variant that fails is recorded
-with its error, the others still run, and the exit status is 1). Where a fused variant is faster on a GPU at the standard shape,
-``mhalearn.fused`` may name it (``FORM``, ``RECOMPUTE``, ``TILE_ROWS``, ``WARPS``) and turn
-on ``FUSED_ON_GPU`` (``gpu_targets.py`` prints the fastest).
+with its error, the others still run, and the exit status is 1). Where a fused variant is
+faster on a GPU at the standard shape, ``mhalearn.fused`` may name it (``FORM``,
+``RECOMPUTE``, ``TILE_ROWS``, ``WARPS``) and turn on ``FUSED_ON_GPU`` (``gpu_targets.py``
+prints the fastest).
 """
 
 from __future__ import annotations
