@@ -83,7 +83,23 @@ def test_fused_kernel_refuses_what_it_cannot_tile():
     X, Y, theta, W = _arrays(8, 32, 4, 2)
     with pytest.raises(ValueError, match="tokens must be a power of two up to 16"):
         fused_loss_and_grad(X, Y, theta, W)
-    assert not fused_form(4, 16, jnp.float32)  # on this CPU, and until measured on a GPU
+
+
+def test_which_problems_take_the_fused_kernel_once_turned_on(monkeypatch):
+    """As on a GPU with the kernel turned on: float32, a power of two tokens up to a tile's
+    rows, dimensions up to MAX_DIM; nothing on a CPU, nothing while it is off."""
+    from mhalearn import fused
+
+    assert not fused_form(8, 16, jnp.float32)  # this CPU
+    monkeypatch.setattr(fused.jax, "default_backend", lambda: "gpu")
+    assert not fused_form(8, 16, jnp.float32)  # off until a GPU measures it faster
+    monkeypatch.setattr(fused, "FUSED_ON_GPU", True)
+    assert fused_form(8, 16, jnp.float32) and fused_form(1, 5, jnp.float32)
+    assert fused_form(fused.TILE_ROWS, fused.MAX_DIM, jnp.float32)
+    assert not fused_form(2 * fused.TILE_ROWS, 16, jnp.float32)
+    assert not fused_form(6, 16, jnp.float32)
+    assert not fused_form(8, fused.MAX_DIM + 1, jnp.float32)
+    assert not fused_form(8, 16, jnp.float64)
 
 
 def test_a_fused_problem_fits_as_the_xla_one():
