@@ -13,8 +13,10 @@
 #   3. the throughput at the standard shape and at a large batch of 16384 instances, end to
 #      end and the fit alone (benchmarks/throughput.py, no instance sweep; the group width
 #      fitted to the GPU's memory; each row appended as it finishes);
-#   4. seconds per recovered teacher of variable projection against the per-teacher scipy
-#      baseline (benchmarks/recovery_speed.py --small; the baseline runs on the host CPU);
+#   4. seconds per recovered teacher of variable projection at a study point's size, 256
+#      teachers at the first cell, no scipy baseline (benchmarks/recovery_speed.py --small
+#      --teachers 256 --no-baseline; at 16 teachers a GPU waits on its launches: 6 ms per
+#      teacher on the H200 on 2026-12-04, the 2-core CPU 17 ms, at 256 the CPU 13 ms);
 #   5. where an instance's time goes, stage by stage (benchmarks/stages.py, 1024 instances),
 #      and the small linear-algebra calls of drawing and scoring as the package makes them
 #      (batched pieces) beside jnp.linalg's vmapped calls (benchmarks/linalg_ops.py, 4096
@@ -91,7 +93,7 @@ step 120 "--steps 2 --shapes 3" \
     benchmarks/compare.py --steps 50 --impls mhalearn mhalearn_fit jax_naive
 step 100 "--instances 16 --large 64 --chunk-size 16 --steps 2" \
     benchmarks/throughput.py --small --large 16384 --sweep
-step 70 "" benchmarks/recovery_speed.py --small --learners varpro
+step 70 "" benchmarks/recovery_speed.py --small --teachers 256 --learners varpro --no-baseline
 step 40 "--instances 8 --steps 2 --repeats 1" benchmarks/stages.py
 step 30 "--instances 8 --repeats 1" benchmarks/linalg_ops.py
 step 50 "--instances 2 --samples 16 --repeats 1" benchmarks/fused.py --warps 4 8
