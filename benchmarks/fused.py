@@ -40,8 +40,9 @@ from mhalearn.fused import FORMS, TILE_ROWS, WARPS, fused_loss_and_grad
 from mhalearn.layer import lanes_form, lanes_loss_and_grad, lay_out, squared_loss_and_grad
 
 
-def best_seconds(fn, args, repeats: int) -> tuple[float, float]:
-    """(compile seconds, best run seconds) of ``jit(fn)(*args)``, products at 'highest'."""
+def best_seconds(fn, args, repeats: int) -> tuple[float, float, object]:
+    """(compile seconds, best run seconds, its results) of ``jit(fn)(*args)``, products at
+    'highest'."""
     tic = time.perf_counter()
     with jax.default_matmul_precision("highest"):
         compiled = jax.jit(fn).lower(*args).compile()
@@ -107,7 +108,8 @@ def main() -> None:
             if want is None:
                 raise  # the XLA kernel: nothing to compare against
             failed.append(f"{name}{on}")
-            error = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300]}"
+            first = (str(e).strip().splitlines() or [""])[0]
+            error = f"{type(e).__name__}: {first[:300]}"
             print(f"{name}{on} failed: {error}")
             rows.append({**row, "error": error})
             path = append_rows("fused", [{**rows[-1], **context}])
