@@ -237,9 +237,12 @@ def _interval(problem, config: GDConfig, opt, k_batch, monitor, carry: _Carry, n
     The steps run in blocks of k = ``config.check_every`` (a ``scan`` of fixed length; a step
     of an instance that has stopped changes nothing), and whether any instance still runs is
     tested between blocks only: an accelerator reports to the host once per block, not once
-    per step. The ``n mod k`` steps left after the whole blocks run in a ``scan`` of k − 1
-    steps, each skipped past them (its index and ``n`` are the same for every instance, so
-    the skip is a branch, not a mask, under ``vmap``) or once the instance has stopped."""
+    per step. The r = ``n mod k`` steps left after the whole blocks run as blocks of the powers
+    of two whose sum is r (for k = 16: of 8, 4, 2 and 1 steps), each taken or skipped by a
+    branch on a bit of r, which is the same for every instance (``n`` is the snapshots', not an
+    instance's): under ``vmap`` such a branch stays a branch, where one that read an instance's
+    status would run as a mask, its steps computed for every instance. So exactly ``n`` steps
+    are computed, with at most log₂ k more reports to the host."""
     k = config.check_every
 
     def advance(state):
@@ -249,22 +252,24 @@ def _interval(problem, config: GDConfig, opt, k_batch, monitor, carry: _Carry, n
         first = jnp.where(go & (taken == 0), loss, first)
         return taken + go, _select(go, new, carry), first
 
+    def steps(state, length):
+        return jax.lax.scan(lambda s, _: (advance(s), None), state, None, length)[0]
+
     def block(state):
         i, *rest = state
-        rest = jax.lax.scan(lambda s, _: (advance(s), None), tuple(rest), None, k)[0]
-        return (i + k, *rest)
+        return (i + k, *steps(tuple(rest), k))
 
     def whole_blocks_left(state):
         i, _, carry, _ = state
         return (i + k <= n) & _running(carry.status)
 
-    def last(state, j):
-        go = (j < n % k) & _running(state[1].status)
-        return jax.lax.cond(go, advance, lambda state: state, state), None
-
     first = jnp.full((), jnp.nan, carry.loss_sum.dtype)
     _, *state = jax.lax.while_loop(whole_blocks_left, block, (0, 0, carry, first))
-    taken, after, first = jax.lax.scan(last, tuple(state), jnp.arange(k - 1))[0]
+    state = tuple(state)
+    for size in (1 << b for b in reversed(range((k - 1).bit_length()))):
+        take = (n % k) & size != 0
+        state = jax.lax.cond(take, lambda s, size=size: steps(s, size), lambda s: s, state)
+    taken, after, first = state
     if config.batch_size is None:
         loss = jax.lax.cond(taken > 0, lambda: first, lambda: problem.loss(carry.params))
     else:  # a step saw a minibatch; the trace holds the full training loss

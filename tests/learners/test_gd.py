@@ -7,6 +7,7 @@ import optax
 import pytest
 
 import mhalearn as mh
+from mhalearn.learners import gd
 from tests.engine.compiles import count_compiles
 
 KEY = jax.random.key(2)
@@ -351,6 +352,31 @@ def test_the_early_stop_test_between_blocks_changes_nothing(batch_size):
         np.testing.assert_array_equal(fits[every].trace["loss"], base.trace["loss"])
         np.testing.assert_array_equal(fits[every].params.theta, base.params.theta)
         np.testing.assert_array_equal(fits[every].params.W, base.params.W)
+
+
+@pytest.mark.parametrize("steps, snapshots, check_every", [(50, 2, 16), (100, 10, 16), (90, 9, 7)])
+def test_a_batch_of_fits_computes_exactly_its_steps(steps, snapshots, check_every, monkeypatch):
+    # under vmap, every step the program computes (a step of an instance that has stopped
+    # included) calls the callback once for the whole batch: the steps left after the whole
+    # blocks of each snapshot interval must not be computed beyond the interval (as a mask of
+    # k - 1 steps would be)
+    calls = []
+    step = gd._step
+
+    def counted(*args):
+        jax.debug.callback(lambda: calls.append(1))
+        return step(*args)
+
+    monkeypatch.setattr(gd, "_step", counted)
+    config = mh.GDConfig(
+        optimizer="gd", steps=steps, snapshots=snapshots, lr=0.05, check_every=check_every
+    )
+    keys = jax.random.split(KEY, 3)
+    problems = jax.vmap(lambda k: EASY.sample(k).problem)(keys)
+    fit = jax.jit(jax.vmap(config.fit))(keys, problems)
+    jax.effects_barrier()
+    assert np.all(np.asarray(fit.status.steps_taken) == steps)
+    assert len(calls) == steps
 
 
 @pytest.mark.parametrize("heads, dim, tokens, samples", [(4, 16, 8, 512), (3, 5, 7, 33)])
