@@ -193,6 +193,28 @@ def _kernel(
     return kernel
 
 
+def _pad(a: Array, shape: tuple[int, ...]) -> Array:
+    return jnp.pad(a, [(0, s - k) for s, k in zip(shape, a.shape, strict=True)])
+
+
+def _tiling(n: int, tokens: int, dim: int, tile_rows: int) -> tuple[int, int, int]:
+    """(tiles, samples per tile, padded dimension) of ``n`` samples in the kernel."""
+    per_tile = tile_rows // tokens
+    return math.ceil(n / per_tile), per_tile, _pow2(dim, 16)
+
+
+def pad_training_set(
+    X: Float[Array, "n tokens dim"], Y: Float[Array, "n tokens dim"], tile_rows: int = TILE_ROWS
+) -> tuple[Float[Array, "rows padded_dim"], Float[Array, "rows padded_dim"]]:
+    """X and Y as the kernel reads them: zero samples up to whole tiles of ``tile_rows``
+    rows, the dimension zero-padded to a power of two of at least 16, one (sample, token)
+    per row. A fit pads its training set once (``padded=`` of :func:`fused_loss_and_grad`),
+    not at every step."""
+    n, T, d = X.shape
+    tiles, per_tile, D = _tiling(n, T, d, tile_rows)
+    return tuple(_pad(a, (tiles * per_tile, T, D)).reshape(-1, D) for a in (X, Y))
+
+
 def fused_loss_and_grad(
     X: Float[Array, "n tokens dim"],
     Y: Float[Array, "n tokens dim"],
@@ -204,6 +226,7 @@ def fused_loss_and_grad(
     warps: int = WARPS,
     recompute: bool = RECOMPUTE,
     interpret: bool | None = None,
+    padded: tuple[Float[Array, "rows padded_dim"], Float[Array, "rows padded_dim"]] | None = None,
 ) -> tuple[Float[Array, ""], tuple[Float[Array, "heads dim dim"], Float[Array, "heads dim dim"]]]:
     """:func:`~mhalearn.layer.squared_loss_and_grad` (float32) as one Pallas kernel for one
     instance; ``jax.vmap`` over instances makes them the kernel's grid. ``form``: how the
@@ -211,10 +234,13 @@ def fused_loss_and_grad(
     (sample, token) rows of a tile; ``warps``: of a program on a GPU; ``recompute``: each
     head's attention formed again in the backward pass, one head on chip at a time
     (:data:`RECOMPUTE`). ``interpret``: run in Pallas' interpret mode (``None``: on a CPU).
+    ``padded``: :func:`pad_training_set` of X and Y at ``tile_rows``, made once by the caller
+    (``None``: X and Y are padded here).
 
     Raises:
         ValueError: tokens not a power of two up to ``tile_rows``, ``tile_rows`` not a power
-            of two of at least 16, not float32, or an unknown form.
+            of two of at least 16, not float32, an unknown form, or ``padded`` not shaped as
+            :func:`pad_training_set` pads X and Y.
     """
     n, T, d = X.shape
     m = theta.shape[0]
@@ -228,15 +254,16 @@ def fused_loss_and_grad(
         raise ValueError("the fused kernel takes float32 arrays")
     if interpret is None:
         interpret = jax.default_backend() == "cpu"
-    D = _pow2(d, 16)
-    per_tile = tile_rows // T
-    tiles = math.ceil(n / per_tile)
-
-    def pad(a, shape):
-        return jnp.pad(a, [(0, s - k) for s, k in zip(shape, a.shape, strict=True)])
-
-    Xp, Yp = (pad(a, (tiles * per_tile, T, D)).reshape(-1, D) for a in (X, Y))
-    thetap, Wp = (pad(a, (m, D, D)) for a in (theta, W))
+    tiles, per_tile, D = _tiling(n, T, d, tile_rows)
+    if padded is None:
+        padded = pad_training_set(X, Y, tile_rows)
+    Xp, Yp = padded
+    if Xp.shape != (tiles * per_tile * T, D) or Yp.shape != Xp.shape:
+        raise ValueError(
+            f"padded must be pad_training_set(X, Y, {tile_rows}): two arrays of shape "
+            f"{(tiles * per_tile * T, D)}, received {Xp.shape} and {Yp.shape}"
+        )
+    thetap, Wp = (_pad(a, (m, D, D)) for a in (theta, W))
     out = (
         jax.ShapeDtypeStruct((1,), jnp.float32),
         jax.ShapeDtypeStruct((m, D, D), jnp.float32),

@@ -29,7 +29,7 @@ from jaxtyping import Array, Float, Int, PRNGKeyArray, PyTree
 
 from mhalearn import draws
 from mhalearn._validate import check_shapes, in_range, positive_int
-from mhalearn.fused import fused_form, fused_loss_and_grad
+from mhalearn.fused import fused_form, fused_loss_and_grad, pad_training_set
 from mhalearn.instances import unwrap
 from mhalearn.kernels import ClassifierSpec, classifier_score
 from mhalearn.layer import (
@@ -156,7 +156,8 @@ class RegressionProblem(eqx.Module):
     repeated gradients (:meth:`prepared` sets it; full-batch ``loss_and_grad`` then uses it).
     ``fused``: full-batch ``loss_and_grad`` runs the fused kernel
     (:func:`~mhalearn.fused.fused_loss_and_grad`; :meth:`prepared` sets it where
-    :func:`~mhalearn.fused.fused_form` says).
+    :func:`~mhalearn.fused.fused_form` says, with ``padded``, the training set as the kernel
+    reads it, :func:`~mhalearn.fused.pad_training_set`, made once).
     """
 
     X: Float[Array, "samples tokens dim"]
@@ -166,6 +167,7 @@ class RegressionProblem(eqx.Module):
     teacher: LayerParams | None = None  # the truth, for oracle baselines only
     lanes: Lanes | None = None
     fused: bool = eqx.field(static=True, default=False)
+    padded: tuple[Array, Array] | None = None
 
     def __check_init__(self):
         positive_int("heads", self.heads)
@@ -197,7 +199,7 @@ class RegressionProblem(eqx.Module):
         if self.fused or self.lanes is not None:
             return self
         if fused_form(T, d, self.X.dtype):
-            return dataclasses.replace(self, fused=True)
+            return dataclasses.replace(self, fused=True, padded=pad_training_set(self.X, self.Y))
         if not lanes_form(n, self.heads, T, d, self.X.dtype.itemsize):
             return self
         return dataclasses.replace(self, lanes=lay_out(self.X, self.Y))
@@ -206,7 +208,9 @@ class RegressionProblem(eqx.Module):
         self, params: LayerParams, idx: Int[Array, " batch"] | None = None
     ) -> tuple[Float[Array, ""], LayerParams]:
         if idx is None and self.fused:
-            loss, (g_theta, g_W) = fused_loss_and_grad(self.X, self.Y, params.theta, params.W)
+            loss, (g_theta, g_W) = fused_loss_and_grad(
+                self.X, self.Y, params.theta, params.W, padded=self.padded
+            )
         elif idx is None and self.lanes is not None:
             loss, (g_theta, g_W) = lanes_loss_and_grad(self.lanes, params.theta, params.W)
         else:

@@ -12,7 +12,7 @@ import pytest
 from jax import export
 
 import mhalearn as mh
-from mhalearn.fused import FORMS, fused_form, fused_loss_and_grad
+from mhalearn.fused import FORMS, fused_form, fused_loss_and_grad, pad_training_set
 from mhalearn.layer import squared_loss_and_grad
 
 
@@ -102,17 +102,35 @@ def test_which_problems_take_the_fused_kernel_once_turned_on(monkeypatch):
     assert not fused_form(8, 16, jnp.float64)
 
 
-def test_a_fused_problem_fits_as_the_xla_one():
+def test_a_fused_problem_fits_as_the_xla_one(monkeypatch):
+    from mhalearn import fused
+
     task = mh.RegressionTask(teacher=mh.TeacherSpec(heads=2, dim=5, tokens=4), samples=40)
     _, problem = task.sample(jax.random.key(1))
     problem = dataclasses.replace(
         problem, X=problem.X.astype(jnp.float32), Y=problem.Y.astype(jnp.float32)
     )
     config = mh.GDConfig(optimizer="gd", steps=12, lr=0.1, snapshots=3)
-    fused = config.fit(jax.random.key(2), dataclasses.replace(problem, fused=True))
     plain = config.fit(jax.random.key(2), problem)
-    _close(fused.trace.loss, plain.trace.loss, rtol=1e-4)
-    _close(fused.params, plain.params, rtol=1e-4)
+    # padded at every step, and (as a fit on a GPU prepares it) padded once
+    monkeypatch.setattr(fused.jax, "default_backend", lambda: "gpu")
+    monkeypatch.setattr(fused, "FUSED_ON_GPU", True)
+    prepared = problem.prepared()
+    monkeypatch.undo()  # the kernel runs in interpret mode on this CPU
+    assert prepared.fused and prepared.padded is not None
+    for given in (dataclasses.replace(problem, fused=True), prepared):
+        got = config.fit(jax.random.key(2), given)
+        _close(got.trace.loss, plain.trace.loss, rtol=1e-4)
+        _close(got.params, plain.params, rtol=1e-4)
+
+
+def test_a_training_set_padded_once_is_the_one_padded_at_every_call():
+    args = _arrays(18, 4, 5, 2)
+    padded = pad_training_set(args[0], args[1])
+    assert padded[0].shape == (5 * 16, 16)  # 18 samples, 4 to a tile of 16 rows: 5 tiles
+    _close(fused_loss_and_grad(*args, padded=padded), fused_loss_and_grad(*args), rtol=0)
+    with pytest.raises(ValueError, match=r"padded must be pad_training_set\(X, Y, 32\)"):
+        fused_loss_and_grad(*args, tile_rows=32, padded=padded)
 
 
 @VARIANTS

@@ -158,8 +158,8 @@ def _select(cond: Bool[Array, ""], new: PyTree, old: PyTree) -> PyTree:
 
 
 def _all_finite(tree: PyTree) -> Bool[Array, ""]:
-    leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]
-    return jnp.all(jnp.stack(leaves))
+    # one reduction over every leaf, not one per leaf (a kernel each on a GPU, every step)
+    return jnp.all(jnp.isfinite(jnp.concatenate([jnp.ravel(x) for x in jax.tree.leaves(tree)])))
 
 
 class _Carry(eqx.Module):
