@@ -29,6 +29,7 @@ TRIALS = {
 OPTIONS_ONLY = {
     "solvable_side_by_side.py": "the authors' checkouts and PyTorch",
     "fused_registers.py": "the Triton compiler",
+    "gpu_programs.py": "JAX's CUDA plugin: tried in tests/test_gpu_programs.py (-m gpu_compile)",
     "pipeline_phases.py": "35 s at 500 samples",
     "recovery.py": "47 s at 2 teachers",
 }
