@@ -90,11 +90,10 @@ class Hlo:
     def __init__(self, text: str):
         self.computations: dict[str, list[str]] = {}
         self.entry = ""
-        current = None
-        tables = collections.defaultdict(dict)
-        section = None
+        current = section = None
+        tables: dict[str, dict[int, str]] = collections.defaultdict(dict)
         for line in text.splitlines():
-            if line in ("FileNames", "FunctionNames", "FileLocations", "StackFrames"):
+            if line in ("FunctionNames", "FileLocations", "StackFrames"):
                 section = line
                 continue
             row = re.match(r"^(\d+) (.*)$", line)
@@ -109,33 +108,30 @@ class Hlo:
                     self.entry = current
             elif current and line.startswith("  ") and "=" in line:
                 self.computations[current].append(line.strip())
-        self._names = {i: v.strip('"') for i, v in tables["FunctionNames"].items()}
-        self._locations = {
-            i: int(re.search(r"function_name_id=(\d+)", v).group(1))
-            for i, v in tables["FileLocations"].items()
-        }
+
+        def field(value: str, name: str) -> int:
+            return int(re.search(rf"{name}=(\d+)", value).group(1))
+
+        names = {i: v.strip('"') for i, v in tables["FunctionNames"].items()}
+        located = {i: field(v, "function_name_id") for i, v in tables["FileLocations"].items()}
         self._frames = {
-            i: tuple(int(x) for x in re.findall(r"=(\d+)", v)[:2])
+            i: names.get(located.get(field(v, "file_location_id")), "")
             for i, v in tables["StackFrames"].items()
         }
 
-    def functions(self, instruction: str) -> list[str]:
-        """The functions an instruction was traced in, innermost first."""
+    def function(self, instruction: str) -> str:
+        """The innermost function an instruction was traced in ("" if unknown)."""
         found = re.search(r"stack_frame_id=(\d+)", instruction)
-        frame, names = int(found.group(1)) if found else 0, []
-        while frame in self._frames and len(names) < 64:
-            location, parent = self._frames[frame]
-            names.append(self._names.get(self._locations.get(location), ""))
-            frame = parent if parent != frame else 0
-        return names
+        return self._frames.get(int(found.group(1)), "") if found else ""
 
 
 def count(text: str, unknown_trips, branch_taken) -> dict[str, int]:
     """Launches and host reads of one run of a compiled program (its HLO ``text``).
 
-    ``unknown_trips(functions)``: the trips of a loop whose count the compiler does not know,
-    from the functions it was traced in; ``branch_taken(functions, branches)``: how often each
-    branch of a conditional runs (a share per branch), from the same and, per branch, the trip
+    ``unknown_trips(function)``: the trips of a loop whose count the compiler does not know,
+    from the innermost function it was traced in; ``branch_taken(function, branches)``: how
+    often each branch of a conditional runs (a share per branch), from the same and, per
+    branch, the trip
     counts of its loops and the operations of its instructions that launch a kernel (copies
     alone: it passes its operands through). Both may be means over the iterations of a loop
     around them (the fit's snapshot intervals differ in length): the counts are linear in
@@ -169,7 +165,7 @@ def count(text: str, unknown_trips, branch_taken) -> dict[str, int]:
                 if n is not None:  # run n times over, the condition never evaluated
                     walk(body, times * n)
                     continue
-                n = unknown_trips(hlo.functions(ins))
+                n = unknown_trips(hlo.function(ins))
                 walk(body, times * n)
                 walk(re.search(r"condition=%([\w.\-]+)", ins).group(1), times * (n + 1))
                 reads += times * (n + 1)
@@ -182,7 +178,7 @@ def count(text: str, unknown_trips, branch_taken) -> dict[str, int]:
                         re.search(rf"{side}_computation=%([\w.\-]+)", ins).group(1)
                         for side in ("true", "false")
                     ]
-                shares = branch_taken(hlo.functions(ins), [summary(b) for b in branches])
+                shares = branch_taken(hlo.function(ins), [summary(b) for b in branches])
                 for branch, share in zip(branches, shares, strict=True):
                     walk(branch, times * share)
                 reads += times
@@ -243,20 +239,20 @@ def engine_programs(shape: dict, steps: int, device, use_fused: bool) -> dict[st
 
     intervals = np.diff(learner.snapshot_steps())  # the steps of each snapshot interval
 
-    def unknown_trips(functions):
-        if "sample_teacher_with_info" in functions:
+    def unknown_trips(function):
+        if function == "sample_teacher_with_info":
             return rejection_trips
-        if "_interval" in functions:  # the whole blocks, a mean over the intervals
+        if function == "_interval":  # the whole blocks, a mean over the intervals
             return np.mean(intervals // k)
-        raise ValueError(f"a loop of unknown length in {functions[:4]}: no rule to count it")
+        raise ValueError(f"a loop of unknown length in {function!r}: no rule to count it")
 
-    def branch_taken(functions, branches):
-        if "_interval" in functions:  # the last steps' branches: pass, or `size` steps
+    def branch_taken(function, branches):
+        if function == "_interval":  # the last steps' branches: pass, or `size` steps
             (steps_branch,) = [i for i, (_, ops) in enumerate(branches) if ops - {"copy"}]
             size = max(branches[steps_branch][0], default=1)  # one step is no loop
-            share = np.mean((intervals % k) & size != 0)
+            share = np.mean(((intervals % k) & size) != 0)
             return [share if i == steps_branch else 1 - share for i in range(len(branches))]
-        raise ValueError(f"a branch in {functions[:4]}: no rule to choose it")
+        raise ValueError(f"a branch in {function!r}: no rule to choose it")
 
     with as_on_a_gpu(use_fused):
         problems = jax.eval_shape(jax.vmap(lambda key: task.sample(key).problem), per.problem)

@@ -81,7 +81,7 @@ def test_a_loop_of_unknown_length_asks_the_host_before_every_trip(gpu):
         body = _scan(1)
         return jax.lax.while_loop(lambda x: jnp.sum(x) < 1e3, body, x)
 
-    runs = {n: _counts(gpu, fn, X, trips=lambda functions, n=n: n) for n in (0, 5)}
+    runs = {n: _counts(gpu, fn, X, trips=lambda function, n=n: n) for n in (0, 5)}
     assert runs[0]["host_reads"] == 1 and runs[5]["host_reads"] == 6
     assert runs[5]["launches"] > runs[0]["launches"]
 
@@ -91,7 +91,7 @@ def test_a_branch_counts_what_runs_in_it(gpu):
         return jax.lax.cond(jnp.sum(x) > 0, _scan(6), lambda x: x, x)
 
     def taking(which):
-        def branch(functions, branches):
+        def branch(function, branches):
             # the branch of six steps is the one with the loop
             steps = [i for i, (loops, _) in enumerate(branches) if 6 in loops]
             return [float((i in steps) == which) for i in range(len(branches))]

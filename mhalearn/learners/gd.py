@@ -267,7 +267,7 @@ def _interval(problem, config: GDConfig, opt, k_batch, monitor, carry: _Carry, n
     _, *state = jax.lax.while_loop(whole_blocks_left, block, (0, 0, carry, first))
     state = tuple(state)
     for size in (1 << b for b in reversed(range((k - 1).bit_length()))):
-        take = (n % k) & size != 0
+        take = ((n % k) & size) != 0
         state = jax.lax.cond(take, lambda s, size=size: steps(s, size), lambda s: s, state)
     taken, after, first = state
     if config.batch_size is None:
