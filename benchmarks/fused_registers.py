@@ -3,15 +3,21 @@ registers and the spill stack of each kernel program's threads, per form × tile
 
     pip install triton        # the compiler alone (about 300 MB); no GPU needed
     python benchmarks/fused_registers.py [--heads M] [--dim D] [--tokens T]
+    pip install -e ".[gpu-compile]"    # JAX's CUDA plugin and ptxas
+    JAX_PLATFORMS=cpu python benchmarks/fused_registers.py --compiler xla
 
-JAX lowers ``mhalearn.fused.fused_loss_and_grad`` to Triton's IR for CUDA, as ``jax.export``
-does for a GPU; the Triton package compiles that IR to machine code for sm_90, and its
-``cuobjdump`` reads the registers per thread and the stack. A program that spills keeps values
-in local memory, which is slow, and the registers per thread bound how many programs an SM
-runs at once (65 536 registers per SM, at most 255 per thread). The compiler here is the
-Triton package's, not the one that XLA carries, so these figures guide the kernel's defaults
-(``TILE_ROWS``, ``WARPS``); which form is faster is for a GPU to say (``fused.py``, a step
-of ``gpu_check.sh``). Rows go to benchmarks/results/fused_registers.csv.
+``--compiler triton`` (the default): JAX lowers ``mhalearn.fused.fused_loss_and_grad`` to
+Triton's IR for CUDA, as ``jax.export`` does for a GPU; the Triton package compiles that IR to
+machine code for sm_90, and its ``cuobjdump`` reads the registers per thread and the stack.
+Its Triton is not the one that XLA carries. ``--compiler xla``: the installed jaxlib's XLA
+compiles the kernel, vmapped over instances as a GPU runs it, for a compile-only H100 (as
+``gpu_programs.py`` does), through its own Triton, down to PTX; ``ptxas`` (CUDA's, of the
+``gpu-compile`` extra) assembles that PTX for sm_90a and reports the registers and the stack:
+what a GPU would run with this jaxlib. A program that spills keeps values in local memory,
+which is slow, and the registers per thread bound how many programs an SM runs at once
+(65 536 registers per SM, at most 255 per thread). These figures guide the kernel's defaults
+(``TILE_ROWS``, ``WARPS``, ``RECOMPUTE``); which variant is faster is for a GPU to say
+(``fused.py``, a step of ``gpu_check.sh``). Rows go to benchmarks/results/fused_registers.csv.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import functools
 import itertools
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -109,6 +116,66 @@ def resources(ir: str, warps: int) -> dict:
     )
 
 
+def ptxas() -> str:
+    """CUDA's PTX assembler: on the PATH, or of the nvidia-cuda-nvcc wheel."""
+    found = shutil.which("ptxas")
+    if found:
+        return found
+    try:
+        from nvidia import cuda_nvcc
+    except ImportError:
+        sys.exit('needs ptxas: pip install -e ".[gpu-compile]"')
+    return str(Path(next(iter(cuda_nvcc.__path__))) / "bin" / "ptxas")
+
+
+def xla_resources(shape: dict, form: str, tile_rows: int, recompute: bool, warps: int) -> dict:
+    """Registers and stack bytes per thread, and shared bytes, of the kernel as the installed
+    jaxlib's XLA compiles it (8 instances, vmapped) for a compile-only H100: its Triton
+    kernel's PTX, from XLA's dump, assembled by ptxas for sm_90a."""
+    from gpu_programs import gpu_device
+
+    n, T, d, m = shape["samples"], shape["tokens"], shape["dim"], shape["heads"]
+    sharding = jax.sharding.SingleDeviceSharding(gpu_device())
+    args = [
+        jax.ShapeDtypeStruct((8, *s), jnp.float32, sharding=sharding)
+        for s in [(n, T, d)] * 2 + [(m, d, d)] * 2
+    ]
+    fn = functools.partial(
+        fused.fused_loss_and_grad,
+        form=form,
+        tile_rows=tile_rows,
+        warps=warps,
+        recompute=recompute,
+        interpret=False,
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        jax.jit(jax.vmap(fn)).lower(*args).compile({"xla_dump_to": tmp})
+        kernels = [
+            p for p in Path(tmp).glob("*.ptx") if re.search(r"\.entry kernel\(", p.read_text())
+        ]
+        if len(kernels) != 1:
+            raise RuntimeError(f"expected one Triton kernel in XLA's dump, found {len(kernels)}")
+        report = subprocess.run(
+            [ptxas(), "-arch=sm_90a", "-v", str(kernels[0]), "-o", os.devnull],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stderr
+        thunks = "".join(p.read_text() for p in Path(tmp).glob("*thunk_sequence.txt"))
+    registers = re.search(r"Used (\d+) registers", report)
+    stack = re.search(r"(\d+) bytes stack frame", report)
+    shared = re.search(r" kernel grid: .*shared_memory: (\d+) bytes", thunks)
+    if registers is None or stack is None:
+        raise RuntimeError(f"ptxas reported no resource usage: {report}")
+    registers = int(registers.group(1))
+    return dict(
+        registers=registers,
+        stack_bytes=int(stack.group(1)),
+        shared_bytes=int(shared.group(1)) if shared else -1,
+        programs_per_sm=SM_REGISTERS // (registers * 32 * warps),
+    )
+
+
 def main() -> None:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -117,17 +184,31 @@ def main() -> None:
         p.add_argument(f"--{k}", type=int, default=v)
     p.add_argument("--tile-rows", type=int, nargs="*", default=[16, 32])
     p.add_argument("--warps", type=int, nargs="*", default=[4, 8])
+    p.add_argument(
+        "--compiler",
+        choices=["triton", "xla"],
+        default="triton",
+        help="the Triton package, or the installed jaxlib's XLA and its own Triton",
+    )
     args = p.parse_args()
-    try:
-        import triton
-    except ImportError:
-        sys.exit("needs the Triton compiler: pip install triton")
-    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    if args.compiler == "triton":
+        try:
+            import triton
+        except ImportError:
+            sys.exit("needs the Triton compiler: pip install triton")
+        os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+        compiler = f"Triton {triton.__version__}"
+    else:
+        compiler = f"jaxlib {jax.__version__}'s XLA"
     shape = {k: getattr(args, k) for k in STANDARD}
     rows = []
     for form, recompute, tile_rows in itertools.product(fused.FORMS, (False, True), args.tile_rows):
-        ir = triton_ir(shape, form, tile_rows, recompute)
+        ir = triton_ir(shape, form, tile_rows, recompute) if args.compiler == "triton" else None
         for warps in args.warps:
+            if ir is None:
+                used = xla_resources(shape, form, tile_rows, recompute, warps)
+            else:
+                used = resources(ir, warps)
             rows.append(
                 dict(
                     **shape,
@@ -135,14 +216,14 @@ def main() -> None:
                     recompute=recompute,
                     tile_rows=tile_rows,
                     warps=warps,
-                    **resources(ir, warps),
+                    **used,
                     default=(tile_rows, warps) == (fused.TILE_ROWS, fused.WARPS),
-                    triton=triton.__version__,
+                    compiler=compiler,
                     jax=jax.__version__,
                 )
             )
             print(rows[-1], flush=True)
-    print(f"\n{shape}, compiled for sm_90 by Triton {triton.__version__}:")
+    print(f"\n{shape}, compiled for sm_90 by {compiler}:")
     cols = [
         "form",
         "recompute",

@@ -42,8 +42,9 @@ from jaxtyping import Array, Float
 FUSED_ON_GPU = False
 #: the (sample, token) rows of one tile (a power of two, at least 16: Triton's smallest matrix
 #: product) and the warps of one kernel program: compiled for sm_90 (the H100 and H200) at the
-#: standard shape, 32 rows or 4 warps spill registers to the stack, 16 rows on 8 warps do not
-#: (``benchmarks/fused_registers.py``)
+#: standard shape by the Triton package 3.9, 32 rows or 4 warps spill registers to the stack,
+#: 16 rows on 8 warps do not; by jaxlib 0.10.2's XLA and its own Triton no variant at 16 rows
+#: spills (``benchmarks/fused_registers.py``, and ``--compiler xla``)
 TILE_ROWS = 16
 WARPS = 8
 #: the forms of the per-sample products (scores and attention-weighted sums) inside a tile:
@@ -60,8 +61,10 @@ FORM = "pairs"
 #: of one program grow with: ``benchmarks/fused_registers.py``)
 RECOMPUTE = False
 #: the largest dimension whose problems take the kernel: the standard shape's, which the GPU
-#: check times; compiled for sm_90, the forms that keep every head spill registers at
-#: dimension 32 and every form spills at 64 (``benchmarks/fused_registers.py --dim``)
+#: check times; compiled for sm_90 at 16 rows on 8 warps, at dimension 32 the forms that keep
+#: every head spill registers by the Triton package 3.9 (by XLA's own Triton only ``blocks``
+#: kept, 104 bytes, and ``pairs`` recomputed, 16), and every form spills at 64 by either
+#: (``benchmarks/fused_registers.py --dim``)
 MAX_DIM = 16
 
 

@@ -28,7 +28,7 @@ TRIALS = {
 #: ``python benchmarks/recovery.py --small --teachers 2``)
 OPTIONS_ONLY = {
     "solvable_side_by_side.py": "the authors' checkouts and PyTorch",
-    "fused_registers.py": "the Triton compiler",
+    "fused_registers.py": "the Triton package (--compiler xla: tests/test_gpu_programs.py)",
     "gpu_programs.py": "JAX's CUDA plugin: tried in tests/test_gpu_programs.py (-m gpu_compile)",
     "pipeline_phases.py": "35 s at 500 samples",
     "recovery.py": "47 s at 2 teachers",

@@ -125,3 +125,23 @@ def test_the_engine_compiles_for_a_gpu_with_its_fused_kernel_once_a_step(gpu, tm
     assert int(rows["jax_naive"]["triton_calls"]) == 0
     assert int(rows["jax_naive"]["host_reads"]) == 0
     assert int(rows["engine_fit"]["launches"]) < int(rows["jax_naive"]["launches"])
+
+
+def test_the_fused_kernel_as_xlas_own_triton_compiles_it_for_sm_90(gpu, tmp_path):
+    """fused_registers.py --compiler xla: the kernel's PTX from XLA's dump, assembled by
+    ptxas, in both forms kept and recomputed, at the default tile on 8 warps."""
+    env = {**os.environ, "MHALEARN_BENCH_RESULTS": str(tmp_path), "JAX_PLATFORMS": "cpu"}
+    args = ["--compiler", "xla", "--tile-rows", "16", "--warps", "8"]
+    out = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "fused_registers.py"), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    with (tmp_path / "fused_registers.csv").open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 4 and all(row["compiler"].endswith("XLA") for row in rows)
+    assert all(0 < int(row["registers"]) <= 255 for row in rows)
+    assert all(int(row["shared_bytes"]) > 0 for row in rows)
