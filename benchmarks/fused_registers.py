@@ -47,6 +47,18 @@ from mhalearn import fused
 SM_REGISTERS = 65536
 
 
+def _kernel(form: str, tile_rows: int, recompute: bool, **more):
+    """The fused kernel of one variant, compiled for a GPU (not interpreted)."""
+    return functools.partial(
+        fused.fused_loss_and_grad,
+        form=form,
+        tile_rows=tile_rows,
+        recompute=recompute,
+        interpret=False,
+        **more,
+    )
+
+
 def triton_ir(shape: dict, form: str, tile_rows: int, recompute: bool) -> str:
     """The kernel's Triton IR for CUDA at ``shape``, as text (read where JAX's Pallas lowering
     makes it: a private function, so this script follows JAX's versions)."""
@@ -62,13 +74,7 @@ def triton_ir(shape: dict, form: str, tile_rows: int, recompute: bool) -> str:
 
     n, T, d, m = shape["samples"], shape["tokens"], shape["dim"], shape["heads"]
     args = [jax.ShapeDtypeStruct(s, jnp.float32) for s in [(n, T, d)] * 2 + [(m, d, d)] * 2]
-    fn = functools.partial(
-        fused.fused_loss_and_grad,
-        form=form,
-        tile_rows=tile_rows,
-        recompute=recompute,
-        interpret=False,
-    )
+    fn = _kernel(form, tile_rows, recompute)
     registration.lowering.lower_jaxpr_to_triton_module = keep
     try:
         export.export(
@@ -140,14 +146,7 @@ def xla_resources(shape: dict, form: str, tile_rows: int, recompute: bool, warps
         jax.ShapeDtypeStruct((8, *s), jnp.float32, sharding=sharding)
         for s in [(n, T, d)] * 2 + [(m, d, d)] * 2
     ]
-    fn = functools.partial(
-        fused.fused_loss_and_grad,
-        form=form,
-        tile_rows=tile_rows,
-        warps=warps,
-        recompute=recompute,
-        interpret=False,
-    )
+    fn = _kernel(form, tile_rows, recompute, warps=warps)
     with tempfile.TemporaryDirectory() as tmp:
         jax.jit(jax.vmap(fn)).lower(*args).compile({"xla_dump_to": tmp})
         kernels = [

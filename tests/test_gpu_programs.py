@@ -54,6 +54,21 @@ def _refuse(*_):
     raise AssertionError("no loop of unknown length or branch was expected")
 
 
+def _run(script: str, args: list[str], results: Path) -> list[dict]:
+    """The rows a benchmark script run with ``args`` writes, its results into ``results``."""
+    env = {**os.environ, "MHALEARN_BENCH_RESULTS": str(results), "JAX_PLATFORMS": "cpu"}
+    out = subprocess.run(
+        [sys.executable, str(BENCHMARKS / script), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    with (results / f"{Path(script).stem}.csv").open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
 X = jax.ShapeDtypeStruct((64, 32), jnp.float32)
 
 
@@ -108,18 +123,8 @@ def test_the_engine_compiles_for_a_gpu_with_its_fused_kernel_once_a_step(gpu, tm
     compiled by XLA's own Triton for sm_90: one kernel call per GD step and nothing else of
     the gradient's, and the fit in fewer launches than jit(vmap(scan)) at the phase cells'
     shape, where launches are what a GPU's time goes to."""
-    env = {**os.environ, "MHALEARN_BENCH_RESULTS": str(tmp_path), "JAX_PLATFORMS": "cpu"}
     args = ["--shapes", "3", "--steps", "20", "--fused"]
-    out = subprocess.run(
-        [sys.executable, str(BENCHMARKS / "gpu_programs.py"), *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=900,
-    )
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    with (tmp_path / "gpu_programs.csv").open(newline="") as f:
-        rows = {row["program"]: row for row in csv.DictReader(f)}
+    rows = {row["program"]: row for row in _run("gpu_programs.py", args, tmp_path)}
     assert set(rows) == {"engine", "engine_fit", "jax_naive"}
     assert int(rows["engine"]["triton_calls"]) == int(rows["engine_fit"]["triton_calls"]) == 20
     assert int(rows["jax_naive"]["triton_calls"]) == 0
@@ -130,18 +135,8 @@ def test_the_engine_compiles_for_a_gpu_with_its_fused_kernel_once_a_step(gpu, tm
 def test_the_fused_kernel_as_xlas_own_triton_compiles_it_for_sm_90(gpu, tmp_path):
     """fused_registers.py --compiler xla: the kernel's PTX from XLA's dump, assembled by
     ptxas, in both forms kept and recomputed, at the default tile on 8 warps."""
-    env = {**os.environ, "MHALEARN_BENCH_RESULTS": str(tmp_path), "JAX_PLATFORMS": "cpu"}
     args = ["--compiler", "xla", "--tile-rows", "16", "--warps", "8"]
-    out = subprocess.run(
-        [sys.executable, str(BENCHMARKS / "fused_registers.py"), *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=900,
-    )
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    with (tmp_path / "fused_registers.csv").open(newline="") as f:
-        rows = list(csv.DictReader(f))
+    rows = _run("fused_registers.py", args, tmp_path)
     assert len(rows) == 4 and all(row["compiler"].endswith("XLA") for row in rows)
     assert all(0 < int(row["registers"]) <= 255 for row in rows)
     assert all(int(row["shared_bytes"]) > 0 for row in rows)
