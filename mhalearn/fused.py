@@ -236,7 +236,9 @@ def fused_loss_and_grad(
     per-sample products are formed inside a tile (:data:`FORMS`); ``tile_rows``: the
     (sample, token) rows of a tile; ``warps``: of a program on a GPU; ``recompute``: each
     head's attention formed again in the backward pass, one head on chip at a time
-    (:data:`RECOMPUTE`). ``interpret``: run in Pallas' interpret mode (``None``: on a CPU).
+    (:data:`RECOMPUTE`). ``interpret``: run in Pallas' interpret mode (``None``: everywhere but
+    on a CUDA GPU, decided when the program is lowered, so that a program placed on the host
+    CPU of a GPU machine runs too).
     ``padded``: :func:`pad_training_set` of X and Y at ``tile_rows``, made once by the caller
     (``None``: X and Y are padded here).
 
@@ -255,8 +257,6 @@ def fused_loss_and_grad(
         raise ValueError(f"tokens must be a power of two up to {tile_rows}, received {T}")
     if any(jnp.dtype(a.dtype) != jnp.float32 for a in (X, Y, theta, W)):
         raise ValueError("the fused kernel takes float32 arrays")
-    if interpret is None:
-        interpret = jax.default_backend() == "cpu"
     tiles, per_tile, D = _tiling(n, T, d, tile_rows)
     if padded is None:
         padded = pad_training_set(X, Y, tile_rows)
@@ -272,14 +272,17 @@ def fused_loss_and_grad(
         jax.ShapeDtypeStruct((m, D, D), jnp.float32),
         jax.ShapeDtypeStruct((m, D, D), jnp.float32),
     )
-    if interpret:
-        options = dict(interpret=True)
-    else:
-        from jax.experimental.pallas import triton as plt
+    kernel = _kernel(tiles, per_tile, T, D, m, form, recompute)
+    interpreted = pl.pallas_call(kernel, out_shape=out, interpret=True)
+    from jax.experimental.pallas import triton as plt
 
-        options = dict(compiler_params=plt.CompilerParams(num_warps=warps))
-    loss, dtheta, dW = pl.pallas_call(
-        _kernel(tiles, per_tile, T, D, m, form, recompute), out_shape=out, **options
-    )(Xp, Yp, thetap, Wp)
+    triton = pl.pallas_call(
+        kernel, out_shape=out, compiler_params=plt.CompilerParams(num_warps=warps)
+    )
+    args = (Xp, Yp, thetap, Wp)
+    if interpret is None:  # decided where the program is lowered, not by the default device
+        loss, dtheta, dW = jax.lax.platform_dependent(*args, cuda=triton, default=interpreted)
+    else:
+        loss, dtheta, dW = (interpreted if interpret else triton)(*args)
     size = n * T * d
     return loss[0] / size, (2 / size * dtheta[:, :d, :d], 2 / size * dW[:, :d, :d])

@@ -124,6 +124,27 @@ def test_a_fused_problem_fits_as_the_xla_one(monkeypatch):
         _close(got.params, plain.params, rtol=1e-4)
 
 
+def test_a_problem_prepared_for_a_gpu_runs_on_the_same_machines_cpu(monkeypatch):
+    """A program placed on the host CPU of a GPU machine (``devices=jax.devices("cpu")``)
+    whose problem was prepared for the kernel: its lowering for the CPU runs the kernel in
+    interpret mode, not Triton (which does not lower for a CPU)."""
+    from mhalearn import fused
+
+    task = mh.RegressionTask(teacher=mh.TeacherSpec(heads=2, dim=5, tokens=4), samples=24)
+    _, problem = task.sample(jax.random.key(1))
+    problem = dataclasses.replace(
+        problem, X=problem.X.astype(jnp.float32), Y=problem.Y.astype(jnp.float32)
+    )
+    config = mh.GDConfig(optimizer="gd", steps=6, lr=0.1, snapshots=2)
+    plain = config.fit(jax.random.key(2), problem)
+    monkeypatch.setattr(fused.jax, "default_backend", lambda: "gpu")  # a GPU machine's
+    monkeypatch.setattr(fused, "FUSED_ON_GPU", True)
+    assert problem.prepared().fused
+    got = jax.jit(config.fit)(jax.random.key(2), problem)  # lowered for this CPU
+    _close(got.trace.loss, plain.trace.loss, rtol=1e-4)
+    _close(got.params, plain.params, rtol=1e-4)
+
+
 def test_a_training_set_padded_once_is_the_one_padded_at_every_call():
     args = _arrays(18, 4, 5, 2)
     padded = pad_training_set(args[0], args[1])
@@ -137,8 +158,8 @@ def test_a_training_set_padded_once_is_the_one_padded_at_every_call():
 def test_fused_kernel_lowers_for_a_gpu_through_triton(form, recompute):
     args = _arrays(64, 8, 16, 4)
     stacked = jax.tree.map(lambda a: jnp.stack([a] * 5), args)
-    fn = functools.partial(fused_loss_and_grad, form=form, recompute=recompute, interpret=False)
-    fn = jax.vmap(fn)
+    # interpret mode or Triton left to the lowering, as in a fit: Triton for a CUDA GPU
+    fn = jax.vmap(functools.partial(fused_loss_and_grad, form=form, recompute=recompute))
     text = export.export(
         jax.jit(fn),
         platforms=["cuda"],
