@@ -18,6 +18,50 @@ RESULTS = Path(
     os.environ.get("MHALEARN_BENCH_RESULTS") or Path(__file__).resolve().parent / "results"
 )
 
+#: the environment variable through which ``gpu_check.sh`` has the steps after its timing of
+#: the fused kernel run the engine as it would ship with that timing's choice: ``off``, or a
+#: variant, ``FORM,keep|recompute,TILE_ROWS,WARPS`` (``gpu_targets.py --choose-fused``)
+FUSED_ENV = "MHALEARN_BENCH_FUSED"
+
+
+def fused_setting() -> str:
+    """How :mod:`mhalearn.fused` is set in this process: ``off`` (``FUSED_ON_GPU`` false), or
+    the variant a GPU's full-batch steps take, in :data:`FUSED_ENV`'s form."""
+    from mhalearn import fused
+
+    if not fused.FUSED_ON_GPU:
+        return "off"
+    keep = "recompute" if fused.RECOMPUTE else "keep"
+    return f"{fused.FORM},{keep},{fused.TILE_ROWS},{fused.WARPS}"
+
+
+def use_fused(setting: str) -> None:
+    """Set :mod:`mhalearn.fused` as ``setting`` says (:data:`FUSED_ENV`'s form): ``off``, or
+    a variant, which turns ``FUSED_ON_GPU`` on (it changes nothing but on a GPU)."""
+    from mhalearn import fused
+
+    if setting == "off":
+        fused.FUSED_ON_GPU = False
+        return
+    parts = setting.split(",")
+    if (
+        len(parts) != 4
+        or parts[0] not in fused.FORMS
+        or parts[1] not in ("keep", "recompute")
+        or not all(p.isdigit() for p in parts[2:])
+    ):
+        raise ValueError(
+            f"{FUSED_ENV}: 'off' or FORM,keep|recompute,TILE_ROWS,WARPS with FORM one of "
+            f"{fused.FORMS} (e.g. 'pairs,keep,16,8'), received {setting!r}"
+        )
+    fused.FORM, fused.RECOMPUTE = parts[0], parts[1] == "recompute"
+    fused.TILE_ROWS, fused.WARPS = int(parts[2]), int(parts[3])
+    fused.FUSED_ON_GPU = True
+
+
+if os.environ.get(FUSED_ENV):  # every benchmark script imports this module before it runs
+    use_fused(os.environ[FUSED_ENV])
+
 #: the standard benchmark shape: one Chen–Li layer fitted by full-batch GD (instances apart)
 STANDARD = dict(heads=4, dim=16, tokens=8, samples=512)
 #: the step size of the full-batch GD workload

@@ -33,7 +33,7 @@ import numpy as np
 import mhalearn as mh
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import append_rows, gd_workload, machine, table
+from _common import append_rows, fused_setting, gd_workload, machine, table
 
 
 def workloads(small: bool):
@@ -116,7 +116,12 @@ def main() -> None:
     print(table(rows, ["workload", "metric", "max_abs_diff", "max_rel_to_scale"]))
     print()
     print(table(summary, list(summary[0])))
-    context = {**machine(), "jax": jax.__version__, "device_kind": default.device_kind}
+    context = {
+        **machine(),
+        "fused_on_gpu": fused_setting(),
+        "jax": jax.__version__,
+        "device_kind": default.device_kind,
+    }
     path = append_rows("accelerator_agreement", [{**r, **context} for r in rows])
     print(f"\nrows appended to {path}")
 

@@ -60,6 +60,7 @@ from _common import (
     append_rows,
     ceiling_gflops,
     engine_fit_seconds,
+    fused_setting,
     gd_workload,
     layer_flops_per_step,
     machine,
@@ -367,6 +368,7 @@ def main() -> None:
     summary(rows, shapes, devices)
     context = {
         **machine(),
+        "fused_on_gpu": fused_setting(),
         "jax": jax.__version__,
         "device_kind": jax.devices()[0].device_kind,
         "engine_options": "xla defaults" if args.xla_defaults else "engine defaults",

@@ -23,6 +23,14 @@ fused kernel (form, recomputing or keeping each head's attention, tile rows, war
 the XLA kernel, at the shape of the latest XLA row (the standard shape on a GPU), and the
 settings of ``mhalearn.fused`` that would make full-batch GPU steps take it where faster.
 
+    python benchmarks/gpu_targets.py --since ... --choose-fused
+
+prints that choice alone, in the form ``benchmarks/_common.py`` reads from
+``MHALEARN_BENCH_FUSED`` (``off``, or ``FORM,keep|recompute,TILE_ROWS,WARPS``):
+``gpu_check.sh`` times the fused kernel first and runs every later step with the engine so
+set, so that the targets are judged on the engine as that timing would ship it. Each target's
+line says what the full-batch steps of its rows ran through.
+
 The rows' device kind is printed with each figure; on a CPU (``gpu_check.sh --cpu``) the
 figures are a trial of the script and judge nothing. Exit status 1 where a target's rows are
 missing, 0 otherwise, whatever the verdicts.
@@ -68,7 +76,7 @@ def end_to_end(rows: list[dict]) -> list[str]:
     }
     if not ratios:
         raise LookupError("compare.csv: no shape with both mhalearn and jax_naive rows")
-    kind = rows[0]["device_kind"]
+    kind = f"{rows[0]['device_kind']}, full-batch steps through {_steps(rows[0])}"
     lines = [
         f"  (heads, dim, tokens, samples, instances) {shape}: {ratio:.3g}× jax_naive"
         for shape, ratio in ratios.items()
@@ -97,7 +105,8 @@ def fit_alone(rows: list[dict], instances: int) -> list[str]:
     best = max(large, key=lambda row: float(row["fit_pct_of_ceiling"]))
     pct = float(best["fit_pct_of_ceiling"])
     return [
-        f"2. the fit alone on {best['device_kind']}, standard shape, {best['instances']} "
+        f"2. the fit alone on {best['device_kind']} through {_steps(best)}, standard shape, "
+        f"{best['instances']} "
         f"instances: {pct:.3g}% of the float32 ceiling ({float(best['ceiling_gflops']):.0f} "
         f"GFLOP/s at '{best['precision']}') (target: {TARGETS['fit_pct']:g}%): "
         f"{verdict(pct >= TARGETS['fit_pct'])}"
@@ -145,7 +154,10 @@ def _agrees(row: dict) -> bool:
     return float(row["max_rel_diff"]) <= AGREE
 
 
-def fused_choice(rows: list[dict]) -> list[str]:
+def fastest_fused(rows: list[dict]) -> tuple[dict, dict, list[dict], dict]:
+    """(the latest XLA row, the fastest fused variant's row at its shape, the variants left
+    out there, the shape): a variant that failed, or whose results differ from the XLA
+    kernel's by more than float32 rounding, is not a choice."""
     xla = [r for r in rows if r["kernel"] == "xla"]
     if not xla:
         raise LookupError("fused.csv: no XLA row")
@@ -156,8 +168,6 @@ def fused_choice(rows: list[dict]) -> list[str]:
         for r in rows
         if r["kernel"].startswith("fused_") and all(int(r[k]) == v for k, v in shape.items())
     ]
-    # a variant that failed, or whose results differ from the XLA kernel's by more than
-    # float32 rounding, is not a choice
     unfit = [r for r in fused if not r.get("us_per_instance") or not _agrees(r)]
     fused = [r for r in fused if r not in unfit]
     if not fused:
@@ -165,12 +175,34 @@ def fused_choice(rows: list[dict]) -> list[str]:
         raise LookupError(
             f"fused.csv: no fused row that ran and agreed at {shape}" + why * bool(unfit)
         )
-    ref = float(xla[-1]["us_per_instance"])
-    best = min(fused, key=lambda r: float(r["us_per_instance"]))
-    us = float(best["us_per_instance"])
-    form = best["kernel"].removeprefix("fused_").removesuffix("_recompute")
+    return xla[-1], min(fused, key=lambda r: float(r["us_per_instance"])), unfit, shape
+
+
+def _variant(row: dict) -> tuple[str, bool]:
+    """(form, recompute) of a fused row's kernel name."""
+    name = row["kernel"].removeprefix("fused_")
+    return name.removesuffix("_recompute"), name.endswith("_recompute")
+
+
+def choose_fused(rows: list[dict]) -> str:
+    """The setting the engine's later timings take (``_common.FUSED_ENV``'s form): the fastest
+    fused variant where it ran on a GPU faster than the XLA kernel, else ``off``."""
+    xla, best, _, _ = fastest_fused(rows)
+    if best["device_kind"] == "cpu" or float(xla["us_per_instance"]) <= float(
+        best["us_per_instance"]
+    ):
+        return "off"
+    form, recompute = _variant(best)
+    keep = "recompute" if recompute else "keep"
+    return f"{form},{keep},{best['tile_rows']},{best['warps']}"
+
+
+def fused_choice(rows: list[dict]) -> list[str]:
+    xla, best, unfit, shape = fastest_fused(rows)
+    ref, us = float(xla["us_per_instance"]), float(best["us_per_instance"])
+    form, recompute = _variant(best)
     settings = (
-        f"FORM = {form!r}, RECOMPUTE = {best['kernel'].endswith('_recompute')}, "
+        f"FORM = {form!r}, RECOMPUTE = {recompute}, "
         f"TILE_ROWS = {best['tile_rows']}, WARPS = {best['warps']}, FUSED_ON_GPU = True"
     )
     ratio = ref / us
@@ -192,11 +224,24 @@ def fused_choice(rows: list[dict]) -> list[str]:
     return lines
 
 
+def _steps(row: dict) -> str:
+    """What a row's full-batch GPU steps ran through (its ``fused_on_gpu``; older rows,
+    written before the column, ran with the kernel off)."""
+    setting = row.get("fused_on_gpu") or "off"
+    return "the XLA kernel" if setting == "off" else f"the fused kernel ({setting})"
+
+
 def main() -> None:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--since", default="", help="the earliest timestamp read (ISO, UTC)")
+    p.add_argument(
+        "--choose-fused",
+        action="store_true",
+        help="print only the fused kernel's setting for the later steps (off, or "
+        "FORM,keep|recompute,TILE_ROWS,WARPS) from fused.csv, and exit",
+    )
     p.add_argument(
         "--fit-instances",
         type=int,
@@ -204,6 +249,13 @@ def main() -> None:
         help="the fewest instances of the fit-alone row (default %(default)s; a trial's fewer)",
     )
     args = p.parse_args()
+    if args.choose_fused:
+        try:
+            print(choose_fused(read(RESULTS / "fused.csv", args.since)))
+        except LookupError as e:
+            print(f"off ({e})", file=sys.stderr)
+            print("off")
+        return
     print(f"rows from {RESULTS} stamped at or after {args.since or 'any time'}")
     judged = {
         "compare": end_to_end,

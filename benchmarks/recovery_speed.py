@@ -57,7 +57,7 @@ from mhalearn.simulate import instance_keys
 mh.set_precision("float64")  # variable projection needs it
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import append_rows, machine, peak_rss_mb, table  # noqa: E402
+from _common import append_rows, fused_setting, machine, peak_rss_mb, table  # noqa: E402
 
 #: (dim, tokens, heads, samples, teachers), β = 4
 CELLS = [(8, 4, 2, 1000, 64), (8, 4, 3, 2000, 64), (16, 8, 2, 2000, 16), (8, 4, 2, 32, 64)]
@@ -360,7 +360,12 @@ def main() -> None:
                 wall, steady = (out[name][k] / out["varpro"][k] for k in ("wall_s", "steady_s"))
                 print(f"{name} ÷ varpro per teacher: wall {wall:.2f}×, steady {steady:.2f}×")
         rows += cell_rows
-    context = {**machine(), "jax": jax.__version__, "device_kind": jax.devices()[0].device_kind}
+    context = {
+        **machine(),
+        "fused_on_gpu": fused_setting(),
+        "jax": jax.__version__,
+        "device_kind": jax.devices()[0].device_kind,
+    }
     path = append_rows("recovery_speed", [{**context, **r} for r in rows])
     print(f"\nrows appended to {path}")
 

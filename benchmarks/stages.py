@@ -31,7 +31,7 @@ from mhalearn.simulate import instance_keys
 from mhalearn.teachers import sample_teacher_with_info
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import STANDARD, append_rows, gd_workload, machine, table
+from _common import STANDARD, append_rows, fused_setting, gd_workload, machine, table
 
 
 def timed(fn, *args, repeats: int) -> tuple[float, float]:
@@ -95,7 +95,13 @@ def main() -> None:
     )
     for r in rows:
         r.update(step_mflop=cost.flops / 1e6, step_mb=cost.bytes / 1e6)
-    context = {**machine(), **STANDARD, "steps": args.steps, "jax": jax.__version__}
+    context = {
+        **machine(),
+        "fused_on_gpu": fused_setting(),
+        **STANDARD,
+        "steps": args.steps,
+        "jax": jax.__version__,
+    }
     context["device_kind"] = device.device_kind
     path = append_rows("stages", [{**r, **context} for r in rows])
     print(f"\nrows appended to {path}")

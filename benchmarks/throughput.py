@@ -32,6 +32,7 @@ from _common import (
     append_rows,
     ceiling_gflops,
     engine_fit_seconds,
+    fused_setting,
     gd_workload,
     layer_flops_per_step,
     machine,
@@ -144,7 +145,7 @@ def main() -> None:
     )
     sweep_steps = args.sweep_steps or (5 if args.small else 10)
     shape = {k: getattr(args, k) for k in SHAPE}
-    info = machine()
+    info = {**machine(), "fused_on_gpu": fused_setting()}
 
     def run(kind: str, **config) -> dict:
         """One configuration in a fresh subprocess; its row appended at once (a run cut short

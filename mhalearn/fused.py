@@ -68,6 +68,13 @@ RECOMPUTE = False
 MAX_DIM = 16
 
 
+def settings() -> tuple:
+    """The settings above as they stand, which decide the programs compiled for a GPU: part of
+    the key under which the engine keeps its compiled programs, so that a change of them
+    within a process compiles anew."""
+    return (FUSED_ON_GPU, FORM, RECOMPUTE, TILE_ROWS, WARPS, MAX_DIM)
+
+
 def _pow2(n: int, low: int = 1) -> int:
     return max(low, 1 << (n - 1).bit_length())
 

@@ -410,6 +410,26 @@ def test_a_repeated_structure_compiles_once_per_process_with_the_same_numbers():
         np.testing.assert_array_equal(b.arrays()[name], value, err_msg=name)
 
 
+def test_a_change_of_the_fused_kernels_settings_compiles_anew(monkeypatch):
+    """The kernel a GPU's steps take is decided when a program is traced, from
+    ``mhalearn.fused``'s settings: a program kept from before a change of them is not run."""
+    from mhalearn import fused
+
+    task = mh.RegressionTask(
+        teacher=mh.TeacherSpec(heads=2, dim=3, tokens=2), samples=8, test_samples=4
+    )
+    mh.batch.clear_programs()
+    with count_compiles() as names:
+        mh.simulate(jax.random.key(5), task, mh.GDConfig(steps=3), 2)
+        monkeypatch.setattr(fused, "FUSED_ON_GPU", not fused.FUSED_ON_GPU)
+        mh.simulate(jax.random.key(5), task, mh.GDConfig(steps=3), 2)
+        monkeypatch.setattr(fused, "WARPS", 2 * fused.WARPS)
+        mh.simulate(jax.random.key(5), task, mh.GDConfig(steps=3), 2)
+        monkeypatch.undo()
+        mh.simulate(jax.random.key(5), task, mh.GDConfig(steps=3), 2)  # the first one's
+    assert names.count("instance_group") == 3, names
+
+
 def test_engine_bad_input():
     fn = lambda k, p, s: p  # noqa: E731
     with pytest.raises(

@@ -125,6 +125,9 @@ def test_the_gpu_check_runs_every_step_on_the_cpu_at_trial_sizes(tmp_path):
     compare = _rows(results, "compare")
     impls = {row["impl"] for row in compare}
     assert {"mhalearn", "mhalearn_fit", "jax_naive"} <= impls
+    # on a CPU the fused kernel is no choice: every engine step after its timing ran with it off
+    assert "full-batch GPU steps in the steps below: fused kernel off" in out.stdout
+    assert {row["fused_on_gpu"] for row in compare} == {"off"}
     assert all(float(row["inst_steps_per_s"]) > 0 for row in compare)
     # the verdict read this run's rows, variable projection's against a recorded CPU row
     verdict = out.stdout[out.stdout.index("benchmarks/gpu_targets.py") :]
@@ -166,6 +169,45 @@ def _targets():
     return module
 
 
+def test_the_fused_kernels_setting_reaches_the_engine_through_the_environment(monkeypatch):
+    """gpu_check.sh's choice, in MHALEARN_BENCH_FUSED, sets mhalearn.fused in every script
+    that imports _common; a malformed one is refused with the form it should have."""
+    probe = "import _common; from mhalearn import fused; print(_common.fused_setting(), fused.FORM)"
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(BENCHMARKS),
+        "MHALEARN_BENCH_FUSED": "blocks,recompute,32,4",
+    }
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env)
+    assert out.returncode == 0 and out.stdout.split() == ["blocks,recompute,32,4", "blocks"]
+    env["MHALEARN_BENCH_FUSED"] = "pairs,16,8"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env)
+    assert out.returncode == 1 and "FORM,keep|recompute,TILE_ROWS,WARPS" in out.stderr
+
+    spec = importlib.util.spec_from_file_location("_common", BENCHMARKS / "_common.py")
+    common = importlib.util.module_from_spec(spec)
+    monkeypatch.delenv("MHALEARN_BENCH_FUSED", raising=False)
+    spec.loader.exec_module(common)
+    from mhalearn import fused
+
+    for name in ("FUSED_ON_GPU", "FORM", "RECOMPUTE", "TILE_ROWS", "WARPS"):
+        monkeypatch.setattr(fused, name, getattr(fused, name))  # restored after the test
+    assert common.fused_setting() == "off"
+    common.use_fused("pairs,keep,16,4")
+    assert (fused.FUSED_ON_GPU, fused.FORM, fused.RECOMPUTE, fused.WARPS) == (
+        True,
+        "pairs",
+        False,
+        4,
+    )
+    assert common.fused_setting() == "pairs,keep,16,4"
+    common.use_fused("off")
+    assert not fused.FUSED_ON_GPU and common.fused_setting() == "off"
+    for bad in ("on", "rows,keep,16,8", "pairs,kept,16,8", "pairs,keep,16,eight"):
+        with pytest.raises(ValueError, match="MHALEARN_BENCH_FUSED"):
+            common.use_fused(bad)
+
+
 def test_the_targets_are_judged_from_the_rows():
     """The verdicts on hand-made rows: the slowest shape decides end to end, only rows at the
     standard shape with enough instances count for the fit, and variable projection is set
@@ -180,6 +222,9 @@ def test_the_targets_are_judged_from_the_rows():
     ]
     lines = t.end_to_end(compare)
     assert "0.9× jit(vmap(scan))" in lines[0] and lines[0].endswith("NOT met")
+    assert "full-batch steps through the XLA kernel" in lines[0]  # rows before the column
+    fused_rows = [{**row, "fused_on_gpu": "pairs,keep,16,8"} for row in compare]
+    assert "through the fused kernel (pairs,keep,16,8)" in t.end_to_end(fused_rows)[0]
     lines = t.end_to_end(compare[2:])
     assert "3× jit(vmap(scan))" in lines[0] and lines[0].endswith(": met")
     with pytest.raises(LookupError):
@@ -236,8 +281,11 @@ def test_the_targets_are_judged_from_the_rows():
     assert advice.endswith(
         "FORM = 'blocks', RECOMPUTE = True, TILE_ROWS = 16, WARPS = 4, FUSED_ON_GPU = True"
     )
+    assert t.choose_fused(rows) == "blocks,recompute,16,4"  # what the later steps take
     head, advice = t.fused_choice(rows[:3])
     assert head.endswith("0.833×") and advice.endswith("keep FUSED_ON_GPU = False")
+    assert t.choose_fused(rows[:3]) == "off"
+    assert t.choose_fused([{**r, "device_kind": "cpu"} for r in rows]) == "off"
     with pytest.raises(LookupError):  # no fused row at the latest XLA row's shape
         t.fused_choice([rows[1], rows[4]])
     with pytest.raises(LookupError):

@@ -17,6 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import PyTree
 
+from mhalearn import fused
+
 #: the matrix-product precision instance programs are traced at, unless
 #: ``jax_default_matmul_precision`` is set
 MATMUL_PRECISION = "highest"
@@ -108,6 +110,7 @@ def program_key(fn, shared_static, key_kind, width, args, options, device) -> An
     key = (fn, static_def, tuple(static_leaves), key_kind, width, arg_def, shapes)
     key += (tuple(sorted(options.items())), device.platform, device.id)
     key += (jax.config.jax_enable_x64, jax.config.jax_default_matmul_precision)
+    key += fused.settings()
     try:
         hash(key)
     except TypeError:
