@@ -33,6 +33,16 @@ def tiny_results(tmp_path_factory):
     return out
 
 
+def pytest_collection_modifyitems(items):
+    """The groups pytest-xdist's workers take whole (``--dist loadgroup``, the default in
+    pyproject.toml): a module's tests (its compiled programs and fixtures made once), and
+    every test that reads the tiny studies (computed once, by the worker that runs them)."""
+    for item in items:
+        tiny = "tiny_results" in getattr(item, "fixturenames", ())
+        group = "tiny_results" if tiny else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _fresh_compiled_state():
     """Each test module starts without the compiled programs of the ones before: a full run
