@@ -102,47 +102,51 @@ def test_which_problems_take_the_fused_kernel_once_turned_on(monkeypatch):
     assert not fused_form(8, 16, jnp.float64)
 
 
-def test_a_fused_problem_fits_as_the_xla_one(monkeypatch):
-    from mhalearn import fused
-
-    task = mh.RegressionTask(teacher=mh.TeacherSpec(heads=2, dim=5, tokens=4), samples=40)
+def _float32_problem(samples: int) -> mh.RegressionProblem:
+    """A small regression problem whose training set is float32 (the kernel's precision)."""
+    task = mh.RegressionTask(teacher=mh.TeacherSpec(heads=2, dim=5, tokens=4), samples=samples)
     _, problem = task.sample(jax.random.key(1))
-    problem = dataclasses.replace(
+    return dataclasses.replace(
         problem, X=problem.X.astype(jnp.float32), Y=problem.Y.astype(jnp.float32)
     )
+
+
+def _as_on_a_gpu_with_the_kernel_on(monkeypatch):
+    from mhalearn import fused
+
+    monkeypatch.setattr(fused.jax, "default_backend", lambda: "gpu")  # a GPU machine's
+    monkeypatch.setattr(fused, "FUSED_ON_GPU", True)
+
+
+def _fits_alike(got, want):
+    _close(got.trace.loss, want.trace.loss, rtol=1e-4)
+    _close(got.params, want.params, rtol=1e-4)
+
+
+def test_a_fused_problem_fits_as_the_xla_one(monkeypatch):
+    problem = _float32_problem(40)
     config = mh.GDConfig(optimizer="gd", steps=12, lr=0.1, snapshots=3)
     plain = config.fit(jax.random.key(2), problem)
     # padded at every step, and (as a fit on a GPU prepares it) padded once
-    monkeypatch.setattr(fused.jax, "default_backend", lambda: "gpu")
-    monkeypatch.setattr(fused, "FUSED_ON_GPU", True)
+    _as_on_a_gpu_with_the_kernel_on(monkeypatch)
     prepared = problem.prepared()
     monkeypatch.undo()  # the kernel runs in interpret mode on this CPU
     assert prepared.fused and prepared.padded is not None
     for given in (dataclasses.replace(problem, fused=True), prepared):
-        got = config.fit(jax.random.key(2), given)
-        _close(got.trace.loss, plain.trace.loss, rtol=1e-4)
-        _close(got.params, plain.params, rtol=1e-4)
+        _fits_alike(config.fit(jax.random.key(2), given), plain)
 
 
 def test_a_problem_prepared_for_a_gpu_runs_on_the_same_machines_cpu(monkeypatch):
     """A program placed on the host CPU of a GPU machine (``devices=jax.devices("cpu")``)
     whose problem was prepared for the kernel: its lowering for the CPU runs the kernel in
     interpret mode, not Triton (which does not lower for a CPU)."""
-    from mhalearn import fused
-
-    task = mh.RegressionTask(teacher=mh.TeacherSpec(heads=2, dim=5, tokens=4), samples=24)
-    _, problem = task.sample(jax.random.key(1))
-    problem = dataclasses.replace(
-        problem, X=problem.X.astype(jnp.float32), Y=problem.Y.astype(jnp.float32)
-    )
+    problem = _float32_problem(24)
     config = mh.GDConfig(optimizer="gd", steps=6, lr=0.1, snapshots=2)
     plain = config.fit(jax.random.key(2), problem)
-    monkeypatch.setattr(fused.jax, "default_backend", lambda: "gpu")  # a GPU machine's
-    monkeypatch.setattr(fused, "FUSED_ON_GPU", True)
+    _as_on_a_gpu_with_the_kernel_on(monkeypatch)
     assert problem.prepared().fused
     got = jax.jit(config.fit)(jax.random.key(2), problem)  # lowered for this CPU
-    _close(got.trace.loss, plain.trace.loss, rtol=1e-4)
-    _close(got.params, plain.params, rtol=1e-4)
+    _fits_alike(got, plain)
 
 
 def test_a_training_set_padded_once_is_the_one_padded_at_every_call():
