@@ -106,6 +106,7 @@ step 100 "--instances 16 --large 64 --chunk-size 16 --steps 2" \
 step 70 "" benchmarks/recovery_speed.py --small --teachers 256 --learners varpro --no-baseline
 step 40 "--instances 8 --steps 2 --repeats 1" benchmarks/stages.py
 step 30 "--instances 8 --repeats 1" benchmarks/linalg_ops.py
+unset MHALEARN_BENCH_FUSED  # the verdict reads rows only: no need to import JAX for it
 step 10 "--fit-instances 64" benchmarks/gpu_targets.py --since "$since"
 if [ ${#failed[@]} -gt 0 ]; then
     printf 'failed: %s\n' "${failed[@]}"
