@@ -430,6 +430,25 @@ def test_a_change_of_the_fused_kernels_settings_compiles_anew(monkeypatch):
     assert names.count("instance_group") == 3, names
 
 
+def test_a_change_of_the_draws_made_side_by_side_compiles_anew(monkeypatch):
+    """How many teacher draws a program makes side by side is read from
+    ``teachers.CANDIDATES`` when it is traced: a program kept from before a change of it is not
+    run, and undoing the change finds the first program again."""
+    from mhalearn import teachers
+
+    task = mh.RegressionTask(
+        teacher=mh.TeacherSpec(heads=2, dim=3, tokens=2), samples=8, test_samples=4
+    )
+    mh.batch.clear_programs()
+    with count_compiles() as names:
+        mh.simulate(jax.random.key(5), task, mh.GDConfig(steps=3), 2)
+        monkeypatch.setitem(teachers.CANDIDATES, jax.default_backend(), 3)
+        mh.simulate(jax.random.key(5), task, mh.GDConfig(steps=3), 2)
+        monkeypatch.undo()
+        mh.simulate(jax.random.key(5), task, mh.GDConfig(steps=3), 2)  # the first one's
+    assert names.count("instance_group") == 2, names
+
+
 def test_engine_bad_input():
     fn = lambda k, p, s: p  # noqa: E731
     with pytest.raises(

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import PyTree
 
-from mhalearn import fused
+from mhalearn import fused, teachers
 
 #: the matrix-product precision instance programs are traced at, unless
 #: ``jax_default_matmul_precision`` is set
@@ -110,7 +110,8 @@ def program_key(fn, shared_static, key_kind, width, args, options, device) -> An
     key = (fn, static_def, tuple(static_leaves), key_kind, width, arg_def, shapes)
     key += (tuple(sorted(options.items())), device.platform, device.id)
     key += (jax.config.jax_enable_x64, jax.config.jax_default_matmul_precision)
-    key += fused.settings()
+    key += fused.settings()  # read when a program is traced, like the draws made side by side
+    key += (tuple(sorted(teachers.CANDIDATES.items())),)
     try:
         hash(key)
     except TypeError:
