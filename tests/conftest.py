@@ -33,10 +33,16 @@ def tiny_results(tmp_path_factory):
     return out
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items):
     """The groups pytest-xdist's workers take whole (``--dist loadgroup``, the default in
     pyproject.toml): a module's tests (its compiled programs and fixtures made once), and
-    every test that reads the tiny studies (computed once, by the worker that runs them)."""
+    every test that reads the tiny studies (computed once, by the worker that runs them).
+
+    First among the hooks: pytest-xdist's own, which reads the marks into each test's id for
+    its scheduler, runs before a conftest's otherwise, and sees none. pytest 9.2 ignores that
+    rewritten id (pytest-xdist issue 1386), hence the test extra's ``pytest<9.2``;
+    ``tests/test_workers.py`` fails where the groups are lost."""
     for item in items:
         tiny = "tiny_results" in getattr(item, "fixturenames", ())
         group = "tiny_results" if tiny else item.nodeid.split("::")[0]
