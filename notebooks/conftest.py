@@ -6,13 +6,10 @@ Alphabetically, notebook 09 (about 400 s of the twelve's 930 s on CI's two cores
 after a third of the run and alone set its end.
 """
 
-import pytest
-
 #: the notebooks that take longest at their small size, longest first
 LONGEST = ("09_phase_diagrams.ipynb", "03_certify_and_sculpt.ipynb")
 
 
-@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items):
     def rank(item):
         name = item.path.name

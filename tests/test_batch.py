@@ -410,24 +410,34 @@ def test_a_repeated_structure_compiles_once_per_process_with_the_same_numbers():
         np.testing.assert_array_equal(b.arrays()[name], value, err_msg=name)
 
 
-def test_a_change_of_the_fused_kernels_settings_compiles_anew(monkeypatch):
-    """The kernel a GPU's steps take is decided when a program is traced, from
-    ``mhalearn.fused``'s settings: a program kept from before a change of them is not run."""
-    from mhalearn import fused
-
+def _programs_compiled_across(monkeypatch, changes) -> int:
+    """The instance programs compiled by one small run before the ``changes`` (each a call
+    that patches a setting through ``monkeypatch``), one after each, and one after all are
+    undone (which must find the first run's program)."""
     task = mh.RegressionTask(
         teacher=mh.TeacherSpec(heads=2, dim=3, tokens=2), samples=8, test_samples=4
     )
     mh.batch.clear_programs()
     with count_compiles() as names:
         mh.simulate(jax.random.key(5), task, mh.GDConfig(steps=3), 2)
-        monkeypatch.setattr(fused, "FUSED_ON_GPU", not fused.FUSED_ON_GPU)
-        mh.simulate(jax.random.key(5), task, mh.GDConfig(steps=3), 2)
-        monkeypatch.setattr(fused, "WARPS", 2 * fused.WARPS)
-        mh.simulate(jax.random.key(5), task, mh.GDConfig(steps=3), 2)
+        for change in changes:
+            change()
+            mh.simulate(jax.random.key(5), task, mh.GDConfig(steps=3), 2)
         monkeypatch.undo()
-        mh.simulate(jax.random.key(5), task, mh.GDConfig(steps=3), 2)  # the first one's
-    assert names.count("instance_group") == 3, names
+        mh.simulate(jax.random.key(5), task, mh.GDConfig(steps=3), 2)
+    return names.count("instance_group")
+
+
+def test_a_change_of_the_fused_kernels_settings_compiles_anew(monkeypatch):
+    """The kernel a GPU's steps take is decided when a program is traced, from
+    ``mhalearn.fused``'s settings: a program kept from before a change of them is not run."""
+    from mhalearn import fused
+
+    changes = [
+        lambda: monkeypatch.setattr(fused, "FUSED_ON_GPU", not fused.FUSED_ON_GPU),
+        lambda: monkeypatch.setattr(fused, "WARPS", 2 * fused.WARPS),
+    ]
+    assert _programs_compiled_across(monkeypatch, changes) == 3
 
 
 def test_a_change_of_the_draws_made_side_by_side_compiles_anew(monkeypatch):
@@ -436,17 +446,8 @@ def test_a_change_of_the_draws_made_side_by_side_compiles_anew(monkeypatch):
     run, and undoing the change finds the first program again."""
     from mhalearn import teachers
 
-    task = mh.RegressionTask(
-        teacher=mh.TeacherSpec(heads=2, dim=3, tokens=2), samples=8, test_samples=4
-    )
-    mh.batch.clear_programs()
-    with count_compiles() as names:
-        mh.simulate(jax.random.key(5), task, mh.GDConfig(steps=3), 2)
-        monkeypatch.setitem(teachers.CANDIDATES, jax.default_backend(), 3)
-        mh.simulate(jax.random.key(5), task, mh.GDConfig(steps=3), 2)
-        monkeypatch.undo()
-        mh.simulate(jax.random.key(5), task, mh.GDConfig(steps=3), 2)  # the first one's
-    assert names.count("instance_group") == 2, names
+    change = lambda: monkeypatch.setitem(teachers.CANDIDATES, jax.default_backend(), 3)  # noqa: E731
+    assert _programs_compiled_across(monkeypatch, [change]) == 2
 
 
 def test_engine_bad_input():
