@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import os
 import re
 import sys
@@ -56,6 +57,7 @@ from _common import STANDARD, append_rows, gd_workload, machine, table
 from compare import SHAPES, naive_loss
 
 from mhalearn import fused, teachers
+from mhalearn.platforms import tracing_for
 from mhalearn.simulate import _fit_and_score, instance_keys
 
 TARGET = Path(__file__).resolve().parent / "devices" / "h100_sxm.txtpb"
@@ -205,21 +207,18 @@ def compiled_text(fn, args, device: jax.Device) -> str:
         return jax.jit(fn).lower(*shapes).compile().as_text()
 
 
-class as_on_a_gpu:
-    """Traces the engine as on a GPU: jax.default_backend() answers "gpu" (the engine's
-    platform choices read it: side-by-side first draws, the fused kernel), and the fused kernel
-    is on or off as asked."""
-
-    def __init__(self, use_fused: bool):
-        self.use_fused = use_fused
-
-    def __enter__(self):
-        self.saved = jax.default_backend, fused.FUSED_ON_GPU
-        jax.default_backend = lambda: "gpu"
-        fused.FUSED_ON_GPU = self.use_fused
-
-    def __exit__(self, *exc):
-        jax.default_backend, fused.FUSED_ON_GPU = self.saved
+@contextlib.contextmanager
+def as_on_a_gpu(use_fused: bool):
+    """Traces the engine as for a GPU (``mhalearn.platforms.tracing_for("gpu")``: the forms
+    chosen per platform, side-by-side first draws and the fused kernel), the fused kernel on or
+    off as asked."""
+    saved = fused.FUSED_ON_GPU
+    fused.FUSED_ON_GPU = use_fused
+    try:
+        with tracing_for("gpu"):
+            yield
+    finally:
+        fused.FUSED_ON_GPU = saved
 
 
 def engine_programs(shape: dict, steps: int, device, use_fused: bool) -> dict[str, dict]:

@@ -37,6 +37,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jaxtyping import Array, Float
 
+from mhalearn.platforms import platform
+
 #: whether a GPU's full-batch steps take the fused kernel: False until a GPU run of
 #: ``benchmarks/gpu_check.sh`` measures it faster than the XLA kernel at the standard shape
 FUSED_ON_GPU = False
@@ -81,12 +83,13 @@ def _pow2(n: int, low: int = 1) -> int:
 
 def fused_form(tokens: int, dim: int, dtype) -> bool:
     """Whether a float32 training set of ``tokens`` tokens of dimension ``dim`` per sequence
-    takes the fused kernel for its full-batch gradients: on a GPU, where :data:`FUSED_ON_GPU`,
-    at a power of two number of tokens up to :data:`TILE_ROWS` and a dimension up to
-    :data:`MAX_DIM`, in :data:`FORM` (and :data:`RECOMPUTE`)."""
+    takes the fused kernel for its full-batch gradients: in a program traced for a GPU
+    (:func:`~mhalearn.platforms.platform`), where :data:`FUSED_ON_GPU`, at a power of two
+    number of tokens up to :data:`TILE_ROWS` and a dimension up to :data:`MAX_DIM`, in
+    :data:`FORM` (and :data:`RECOMPUTE`)."""
     return (
         FUSED_ON_GPU
-        and jax.default_backend() == "gpu"
+        and platform() == "gpu"
         and jnp.dtype(dtype) == jnp.float32
         and tokens == _pow2(tokens)
         and tokens <= TILE_ROWS

@@ -32,6 +32,7 @@ from mhalearn._validate import arrays, check_shapes, choice, in_range, positive_
 from mhalearn.data import TOKEN_DISTRIBUTIONS, TokenDistribution, sample_tokens
 from mhalearn.kernels import attention_weights
 from mhalearn.params import LayerParams
+from mhalearn.platforms import platform
 from mhalearn.solvers import singular_values
 
 Family = Literal["random", "near_duplicate", "ill_conditioned", "rank_one", "two_tokens"]
@@ -227,8 +228,9 @@ CANDIDATES: dict[str, int] = {"cpu": 1}
 
 
 def default_candidates() -> int:
-    """The draws made side by side on the default backend (:data:`CANDIDATES`)."""
-    return CANDIDATES.get(jax.default_backend(), 4)
+    """The draws made side by side on the platform of the program being traced
+    (:func:`~mhalearn.platforms.platform`; :data:`CANDIDATES`)."""
+    return CANDIDATES.get(platform(), 4)
 
 
 def sample_teacher_with_info(

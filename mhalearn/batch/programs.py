@@ -18,6 +18,7 @@ import numpy as np
 from jaxtyping import PyTree
 
 from mhalearn import fused, teachers
+from mhalearn.platforms import tracing_for
 
 #: the matrix-product precision instance programs are traced at, unless
 #: ``jax_default_matmul_precision`` is set
@@ -62,17 +63,19 @@ class Program(NamedTuple):
     layout: Layout | None = None
 
 
-def lower(fn: Callable, args: tuple) -> Any:
+def lower(fn: Callable, args: tuple, platform: str | None = None) -> Any:
     """``jit(fn)`` lowered for ``args``, its matrix products at :data:`MATMUL_PRECISION` unless
-    the user configured JAX's default precision."""
+    the user configured JAX's default precision, traced for ``platform`` (the device's that
+    will run it: the forms chosen by platform, :mod:`mhalearn.platforms`; ``None``: JAX's
+    default backend)."""
     precision = jax.config.jax_default_matmul_precision or MATMUL_PRECISION
-    with jax.default_matmul_precision(precision):
+    with jax.default_matmul_precision(precision), tracing_for(platform):
         return jax.jit(fn).lower(*args)
 
 
-def compile_program(fn: Callable, args: tuple, options: dict) -> Program:
+def compile_program(fn: Callable, args: tuple, options: dict, platform: str) -> Program:
     hits = _CACHE_HITS[0]
-    lowered = lower(fn, args)
+    lowered = lower(fn, args, platform)
     try:
         compiled = lowered.compile(compiler_options=options or None)
     except jax.errors.JaxRuntimeError as err:
@@ -177,7 +180,7 @@ def cached_compile(
         return Cached(_PROGRAMS[program_key], "kept")
     moved = None if like is None else relocated(like, device)
     if moved is None:
-        built, how = compile_program(program, args, options), "compiled"
+        built, how = compile_program(program, args, options, device.platform), "compiled"
         built = built._replace(layout=program.layout)  # set by the tracing
     else:
         built, how = moved._replace(layout=like.layout), "relocated"

@@ -1,0 +1,40 @@
+"""The platform a program is traced for, which a few choices of form are made by.
+
+Some computations take a form that suits a platform: the teachers' first draws made side by
+side on an accelerator (:func:`~mhalearn.teachers.default_candidates`), the fused Pallas
+kernel for a GPU's full-batch gradients (:func:`~mhalearn.fused.fused_form`). They are chosen
+when the program is traced, by :func:`platform`: ``jax.default_backend()``, unless the program
+is being traced for a device of another platform, as the engine says while it lowers a group
+program for a device (:func:`tracing_for`). So a program the engine places on the host CPU of
+a GPU machine takes the CPU's forms (without this it took the GPU's: four draws side by side
+where one would do, and, once the fused kernel is on, that kernel in Pallas' interpret mode).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterator
+
+import jax
+
+_TRACING_FOR: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "mhalearn_tracing_for", default=None
+)
+
+
+def platform() -> str:
+    """The platform (``"cpu"``, ``"gpu"``, ``"tpu"``) of the program being traced: the one
+    :func:`tracing_for` names, else ``jax.default_backend()``."""
+    return _TRACING_FOR.get() or jax.default_backend()
+
+
+@contextlib.contextmanager
+def tracing_for(name: str | None) -> Iterator[None]:
+    """Within the block, :func:`platform` is ``name`` (a device's ``platform``; ``None``: JAX's
+    default backend)."""
+    token = _TRACING_FOR.set(name)
+    try:
+        yield
+    finally:
+        _TRACING_FOR.reset(token)
