@@ -440,14 +440,20 @@ def test_a_change_of_the_fused_kernels_settings_compiles_anew(monkeypatch):
     assert _programs_compiled_across(monkeypatch, changes) == 3
 
 
-def test_a_change_of_the_draws_made_side_by_side_compiles_anew(monkeypatch):
-    """How many teacher draws a program makes side by side is read from
-    ``teachers.CANDIDATES`` when it is traced: a program kept from before a change of it is not
-    run, and undoing the change finds the first program again."""
+def test_a_change_of_the_forms_chosen_per_platform_compiles_anew(monkeypatch):
+    """How many teacher draws a program makes side by side (``teachers.CANDIDATES``) and how
+    many rows a chunk of the Gauss–Newton sums takes (``reduced.CHUNK_ROWS``) are read when it
+    is traced: a program kept from before a change of either is not run, and undoing the
+    changes finds the first program again."""
     from mhalearn import teachers
+    from mhalearn.learners import reduced
 
-    change = lambda: monkeypatch.setitem(teachers.CANDIDATES, jax.default_backend(), 3)  # noqa: E731
-    assert _programs_compiled_across(monkeypatch, [change]) == 2
+    here = jax.default_backend()
+    changes = [
+        lambda: monkeypatch.setitem(teachers.CANDIDATES, here, 3),
+        lambda: monkeypatch.setitem(reduced.CHUNK_ROWS, here, 64),
+    ]
+    assert _programs_compiled_across(monkeypatch, changes) == 3
 
 
 def test_engine_bad_input():

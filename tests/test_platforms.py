@@ -8,6 +8,7 @@ import numpy as np
 import mhalearn as mh
 from mhalearn import fused, problems, teachers
 from mhalearn.fused import fused_form
+from mhalearn.learners import reduced
 from mhalearn.platforms import platform, tracing_for
 
 
@@ -25,11 +26,18 @@ def test_tracing_for_names_the_platform_within_its_block_only():
 
 def test_the_forms_follow_the_platform_traced_for(monkeypatch):
     monkeypatch.setattr(fused, "FUSED_ON_GPU", True)
+    X = jnp.zeros((2000, 4, 3))
+
+    def chunk():  # the samples a chunk of the Gauss–Newton sums takes by default
+        return reduced._sample_chunks((X,), None)[1]
+
     assert teachers.default_candidates() == teachers.CANDIDATES["cpu"] == 1
     assert not fused_form(8, 16, jnp.float32)
+    assert chunk() == reduced.CHUNK_ROWS["cpu"] // 4 == 128
     with tracing_for("gpu"):
         assert teachers.default_candidates() == 4
         assert fused_form(8, 16, jnp.float32)
+        assert chunk() == 4096 // 4
 
 
 def test_a_program_the_engine_places_on_the_cpu_of_a_gpu_machine_takes_the_cpus_forms(

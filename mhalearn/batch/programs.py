@@ -18,6 +18,7 @@ import numpy as np
 from jaxtyping import PyTree
 
 from mhalearn import fused, teachers
+from mhalearn.learners import reduced
 from mhalearn.platforms import tracing_for
 
 #: the matrix-product precision instance programs are traced at, unless
@@ -113,8 +114,9 @@ def program_key(fn, shared_static, key_kind, width, args, options, device) -> An
     key = (fn, static_def, tuple(static_leaves), key_kind, width, arg_def, shapes)
     key += (tuple(sorted(options.items())), device.platform, device.id)
     key += (jax.config.jax_enable_x64, jax.config.jax_default_matmul_precision)
-    key += fused.settings()  # read when a program is traced, like the draws made side by side
-    key += (tuple(sorted(teachers.CANDIDATES.items())),)
+    # read when a program is traced: the fused kernel's settings and the forms per platform
+    key += fused.settings()
+    key += (tuple(sorted(teachers.CANDIDATES.items())), tuple(sorted(reduced.CHUNK_ROWS.items())))
     try:
         hash(key)
     except TypeError:

@@ -15,6 +15,7 @@ from mhalearn.layer import layer_outputs
 from mhalearn.learners.linear import design, values_and_residual
 from mhalearn.losses import mean_square
 from mhalearn.params import LayerParams
+from mhalearn.platforms import platform
 from mhalearn.problems import RegressionProblem
 from mhalearn.solvers import ridge_solve
 
@@ -56,12 +57,22 @@ def reduced_gradient(problem: RegressionProblem, theta, W) -> Float[Array, " par
     return grads.theta.reshape(-1) * (problem.Y.size / 2)
 
 
+#: (sample, token) rows a chunk of the Gauss–Newton sums takes when no ``sample_chunk`` is
+#: given, by the platform the program is traced for (elsewhere: 4096). A chunk's intermediates
+#: hold about heads · dim² numbers a row: on a CPU 512 rows keep them small; on an accelerator
+#: every chunk is one more round of the sums' kernels (38 launches at the GPU check's variable
+#: projection cell, dim 8, tokens 4, heads 2, 1000 samples), which 4096 rows make one chunk:
+#: 20 iterations of 256 teachers in 4160 launches instead of 9760 (compile-only H100 count)
+CHUNK_ROWS: dict[str, int] = {"cpu": 512}
+
+
 def _sample_chunks(arrays, sample_chunk: int | None):
     """Each (samples, tokens, dim) array zero-padded to a multiple of the chunk and split into
-    (chunks, chunk, tokens, dim) — the chunk ``sample_chunk`` samples, ``None``: about 512
-    (sample, token) rows — and the chunk size."""
+    (chunks, chunk, tokens, dim) — the chunk ``sample_chunk`` samples, ``None``: about
+    :data:`CHUNK_ROWS` (sample, token) rows — and the chunk size."""
     n, T, d = arrays[0].shape
-    chunk = min(sample_chunk or max(1, 512 // T), n)
+    rows = CHUNK_ROWS.get(platform(), 4096)
+    chunk = min(sample_chunk or max(1, rows // T), n)
     pad = jnp.zeros(((-n) % chunk, T, d), arrays[0].dtype)
     return tuple(jnp.concatenate([a, pad]).reshape(-1, chunk, T, d) for a in arrays), chunk
 

@@ -50,10 +50,11 @@ class VarProConfig(eqx.Module):
     accepted; 2 saves a fifth of the systems on random teachers, 4 — the registered
     ``varpro`` — another 15%, 1 is plain LM).
     ``sample_chunk`` samples at a time build the system (``None``: about 512 (sample, token)
-    rows). ``products="float32"`` (the default) builds and factors it in float32 — it only
-    sets the step; the residual and the cost that accepts a step stay in the problem's
-    precision, and the fits reach the same ~1e-20 costs in the same number of iterations,
-    faster (benchmarks/recovery_speed.py) — ``None`` in the problem's precision. ``stall_tol``
+    rows on a CPU, 4096 on an accelerator: ``reduced.CHUNK_ROWS``). ``products="float32"``
+    (the default) builds and factors it in float32 — it only sets the step; the residual and
+    the cost that accepts a step stay in the problem's precision, and the fits reach the same
+    ~1e-20 costs in the same number of iterations, faster (benchmarks/recovery_speed.py) —
+    ``None`` in the problem's precision. ``stall_tol``
     (``None``: never) also stops a start once, after its cost first fell,
     :data:`STALL_PATIENCE` iterations in a row lowered it by less than that fraction: a start
     stuck at a point that does not fit (the search inside an inexact span, whose minimum is
