@@ -5,6 +5,7 @@ compare.py's ``jit(vmap(scan))`` at the same shapes.
     pip install -e ".[gpu-compile]"            # JAX's CUDA plugin alone: no driver, no CUDA
     python benchmarks/gpu_programs.py          # compare.py's four shapes, 50 GD steps
     python benchmarks/gpu_programs.py --fused  # full-batch steps through the fused kernel
+    python benchmarks/gpu_programs.py --varpro # variable projection, the GPU check's cell
 
 Each program is compiled by the XLA GPU compiler of the installed jaxlib for a compile-only
 device (its facts in ``benchmarks/devices/h100_sxm.txtpb``, an H100), with the engine's choices
@@ -30,8 +31,14 @@ the teacher's rejection loop after its side-by-side draws as many times as its s
 instance needs (its draws are made here on the CPU: the teachers are the same on every
 platform), and the fit's loop of whole blocks ``n // check_every`` times in a snapshot
 interval of n steps (no instance stops early at a fixed step size). A branch of the fit's
-last steps of an interval is counted where its bit of ``n % check_every`` is set. Prints one
-table and appends its rows to ``benchmarks/results/gpu_programs.csv``.
+last steps of an interval is counted where its bit of ``n % check_every`` is set.
+
+``--varpro`` counts instead one start of the registered variable projection (its whole
+budget of Levenberg–Marquardt iterations) vmapped over 256 teachers of
+``recovery_speed.py``'s first cell in float64, as the GPU check times it, once with the
+chunks of the Gauss–Newton sums a CPU takes and once with an accelerator's
+(``mhalearn.learners.reduced.CHUNK_ROWS``). Prints one table and appends its rows to
+``benchmarks/results/gpu_programs.csv``.
 """
 
 from __future__ import annotations
@@ -56,7 +63,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import STANDARD, append_rows, gd_workload, machine, table
 from compare import SHAPES, naive_loss
 
+import mhalearn as mh
 from mhalearn import fused, teachers
+from mhalearn.learners import make_learner, reduced
 from mhalearn.platforms import tracing_for
 from mhalearn.simulate import _fit_and_score, instance_keys
 
@@ -284,6 +293,54 @@ def naive_program(shape: dict, steps: int, device) -> dict:
     return count(compiled_text(jax.vmap(fit), args, device), refuse, refuse)
 
 
+#: the teachers recovery_speed.py's GPU step fits at its first cell
+VARPRO_TEACHERS = 256
+
+
+def varpro_programs(device) -> list[dict]:
+    """The counts of one start of the registered variable projection over
+    :data:`VARPRO_TEACHERS` teachers of recovery_speed.py's first cell, a row per number of
+    (sample, token) rows a chunk of its Gauss–Newton sums takes: the CPU's, then an
+    accelerator's."""
+    from recovery_speed import CELLS  # float64 from here on, as variable projection runs
+
+    d, T, m, n, _ = CELLS[0]
+    task = mh.RegressionTask(teacher=mh.TeacherSpec(heads=m, dim=d, tokens=T), samples=n)
+    learner = make_learner("varpro", 0)
+    keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.key(0), i))(jnp.arange(VARPRO_TEACHERS))
+    per = jax.vmap(instance_keys)(keys)
+
+    def unknown_trips(function):
+        if function == "levenberg_marquardt":  # a start's whole budget
+            return learner.iterations
+        if function == "VarProConfig.fit":  # one start
+            return 1
+        raise ValueError(f"a loop of unknown length in {function!r}: no rule to count it")
+
+    def refuse(*_):
+        raise ValueError("variable projection's loop bodies branch on no value the host reads")
+
+    shape = dict(heads=m, dim=d, tokens=T, samples=n, instances=VARPRO_TEACHERS)
+    out = []
+    saved = dict(reduced.CHUNK_ROWS)
+    try:
+        for rows in (saved["cpu"], reduced.CHUNK_ROWS.get("gpu", 4096)):
+            reduced.CHUNK_ROWS["gpu"] = rows
+            with as_on_a_gpu(False):
+                problems = jax.eval_shape(jax.vmap(lambda k: task.sample(k).problem), per.problem)
+                text = compiled_text(jax.vmap(learner.fit), (per.fit, problems), device)
+            c = count(text, unknown_trips, refuse)
+            out.append(
+                {"program": "varpro", "chunk_rows": rows, **shape, "steps": learner.iterations}
+                | {"launches": c["launches"], "host_reads": c["host_reads"]}
+                | {"copies": c.get("copy", 0), "library_calls": c.get("library", 0)}
+            )
+    finally:
+        reduced.CHUNK_ROWS.clear()
+        reduced.CHUNK_ROWS.update(saved)
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -291,9 +348,20 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=50, help="GD steps (gpu_check.sh runs 50)")
     p.add_argument("--shapes", type=int, nargs="+", default=None, help="compare.py's, by index")
     p.add_argument("--fused", action="store_true", help="full-batch steps take the fused kernel")
+    p.add_argument("--varpro", action="store_true", help="variable projection's programs")
     p.add_argument("--target", type=Path, default=TARGET, help="the GPU's description")
     args = p.parse_args()
     device = gpu_device(args.target)
+    extra = {"device_kind": f"{device.device_kind} (compile-only)", "jax": jax.__version__}
+    compiled_by = (
+        f"compiled for {device.device_kind} by jaxlib {jax.__version__}'s XLA, without one:"
+    )
+    if args.varpro:
+        rows = varpro_programs(device)
+        print(compiled_by)
+        print(table(rows, list(rows[0])))
+        append_rows("gpu_programs", [dict(r, **extra, **machine()) for r in rows])
+        return
     shapes = SHAPES if args.shapes is None else [SHAPES[i] for i in args.shapes]
     rows = []
     for shape in shapes:
@@ -315,11 +383,10 @@ def main() -> None:
                     "launches_vs_naive": round(c["launches"] / naive["launches"], 3),
                 }
             )
-    print(f"compiled for {device.device_kind} by jaxlib {jax.__version__}'s XLA, without one:")
+    print(compiled_by)
     print(table(rows, ["program", "heads", "dim", "tokens", "samples", "instances", "fused",
                  "launches", "host_reads", "copies", "library_calls", "triton_calls",
                  "launches_vs_naive"]))  # fmt: skip
-    extra = {"device_kind": f"{device.device_kind} (compile-only)", "jax": jax.__version__}
     append_rows("gpu_programs", [dict(r, **extra, **machine()) for r in rows])
 
 

@@ -140,3 +140,15 @@ def test_the_fused_kernel_as_xlas_own_triton_compiles_it_for_sm_90(gpu, tmp_path
     assert len(rows) == 4 and all(row["compiler"].endswith("XLA") for row in rows)
     assert all(0 < int(row["registers"]) <= 255 for row in rows)
     assert all(int(row["shared_bytes"]) > 0 for row in rows)
+
+
+def test_variable_projection_for_a_gpu_sums_its_system_in_fewer_rounds(gpu, tmp_path):
+    """gpu_programs.py --varpro: one start of variable projection over 256 teachers, compiled
+    for a GPU, its Gauss–Newton sums in the CPU's chunks and in an accelerator's (one chunk at
+    this cell): fewer launches, the same host reads (one per iteration and per start)."""
+    rows = _run("gpu_programs.py", ["--varpro"], tmp_path)
+    cpu_chunks, gpu_chunks = rows
+    assert int(cpu_chunks["chunk_rows"]) == 512 < int(gpu_chunks["chunk_rows"])
+    assert int(gpu_chunks["launches"]) < int(cpu_chunks["launches"])
+    iterations = int(gpu_chunks["steps"])
+    assert int(gpu_chunks["host_reads"]) == int(cpu_chunks["host_reads"]) == iterations + 3
