@@ -21,6 +21,7 @@ SCRIPTS = sorted(p for p in BENCHMARKS.glob("*.py") if not p.name.startswith("_"
 TRIALS = {
     "heads.py": (["--small", "--steps", "20"], ["heads_sweep", "heads_theory"]),
     "kernel_scaling.py": ([], ["kernel_scaling"]),
+    "gpu_choices.py": (["--small"], ["gpu_choices"]),
 }
 #: the scripts whose options alone are checked here, and why: what CI lacks, or a minute
 #: each at their smallest sizes, which the suite's time cannot spare (run them by hand:
