@@ -50,6 +50,7 @@ import os
 import re
 import sys
 from pathlib import Path
+from unittest.mock import patch
 
 # the programs are compiled for a GPU and never run: JAX's own devices are the CPU's, and the
 # CUDA plugin then registers without looking for a driver
@@ -322,22 +323,16 @@ def varpro_programs(device) -> list[dict]:
 
     shape = dict(heads=m, dim=d, tokens=T, samples=n, instances=VARPRO_TEACHERS)
     out = []
-    saved = dict(reduced.CHUNK_ROWS)
-    try:
-        for rows in (saved["cpu"], reduced.CHUNK_ROWS.get("gpu", 4096)):
-            reduced.CHUNK_ROWS["gpu"] = rows
-            with as_on_a_gpu(False):
-                problems = jax.eval_shape(jax.vmap(lambda k: task.sample(k).problem), per.problem)
-                text = compiled_text(jax.vmap(learner.fit), (per.fit, problems), device)
-            c = count(text, unknown_trips, refuse)
-            out.append(
-                {"program": "varpro", "chunk_rows": rows, **shape, "steps": learner.iterations}
-                | {"launches": c["launches"], "host_reads": c["host_reads"]}
-                | {"copies": c.get("copy", 0), "library_calls": c.get("library", 0)}
-            )
-    finally:
-        reduced.CHUNK_ROWS.clear()
-        reduced.CHUNK_ROWS.update(saved)
+    for rows in (reduced.CHUNK_ROWS["cpu"], reduced.CHUNK_ROWS.get("gpu", 4096)):
+        with patch.dict(reduced.CHUNK_ROWS, {"gpu": rows}), as_on_a_gpu(False):
+            problems = jax.eval_shape(jax.vmap(lambda k: task.sample(k).problem), per.problem)
+            text = compiled_text(jax.vmap(learner.fit), (per.fit, problems), device)
+        c = count(text, unknown_trips, refuse)
+        out.append(
+            {"program": "varpro", "chunk_rows": rows, **shape, "steps": learner.iterations}
+            | {"launches": c["launches"], "host_reads": c["host_reads"]}
+            | {"copies": c.get("copy", 0), "library_calls": c.get("library", 0)}
+        )
     return out
 
 

@@ -2,12 +2,14 @@
 
 Some computations take a form that suits a platform: the teachers' first draws made side by
 side on an accelerator (:func:`~mhalearn.teachers.default_candidates`), the fused Pallas
-kernel for a GPU's full-batch gradients (:func:`~mhalearn.fused.fused_form`). They are chosen
-when the program is traced, by :func:`platform`: ``jax.default_backend()``, unless the program
-is being traced for a device of another platform, as the engine says while it lowers a group
-program for a device (:func:`tracing_for`). So a program the engine places on the host CPU of
-a GPU machine takes the CPU's forms (without this it took the GPU's: four draws side by side
-where one would do, and, once the fused kernel is on, that kernel in Pallas' interpret mode).
+kernel for a GPU's full-batch gradients (:func:`~mhalearn.fused.fused_form`), the chunks of
+variable projection's Gauss–Newton sums (``mhalearn.learners.reduced.CHUNK_ROWS``). They are
+chosen when the program is traced, by :func:`platform`: ``jax.default_backend()``, unless the
+program is being traced for a device of another platform, as the engine says while it lowers
+a group program for a device (:func:`tracing_for`). So a program the engine places on the host
+CPU of a GPU machine takes the CPU's forms (without this it took the GPU's: four draws side
+by side where one would do, and, once the fused kernel is on, that kernel in Pallas'
+interpret mode).
 """
 
 from __future__ import annotations

@@ -54,11 +54,10 @@ class VarProConfig(eqx.Module):
     (the default) builds and factors it in float32 — it only sets the step; the residual and
     the cost that accepts a step stay in the problem's precision, and the fits reach the same
     ~1e-20 costs in the same number of iterations, faster (benchmarks/recovery_speed.py) —
-    ``None`` in the problem's precision. ``stall_tol``
-    (``None``: never) also stops a start once, after its cost first fell,
-    :data:`STALL_PATIENCE` iterations in a row lowered it by less than that fraction: a start
-    stuck at a point that does not fit (the search inside an inexact span, whose minimum is
-    not a fit) stops instead of running out its budget."""
+    ``None`` in the problem's precision. ``stall_tol`` (``None``: never) also stops a start
+    once, after its cost first fell, :data:`STALL_PATIENCE` iterations in a row lowered it by
+    less than that fraction: a start stuck at a point that does not fit (the search inside an
+    inexact span, whose minimum is not a fit) stops instead of running out its budget."""
 
     iterations: int = eqx.field(static=True, default=30)
     restarts: int = eqx.field(static=True, default=4)
