@@ -21,8 +21,8 @@ before each setting, so each compiles its own):
   dim 8, tokens 4, 32 samples), 1024 instances, 50 steps, float32, the fused kernel as
   ``MHALEARN_BENCH_FUSED`` says (off by default; where it is on, it replaces both layouts).
 
-Prints the seconds of each setting, which is faster and by how much, and appends rows to
-``benchmarks/results/gpu_choices.csv``. Where the faster setting is not the one the engine
+Prints the seconds of each setting, which is faster and by how much, and appends each
+choice's rows to ``benchmarks/results/gpu_choices.csv`` as it finishes. Where the faster setting is not the one the engine
 takes on that platform, the constant named above is the one to change. On a CPU the run is a
 trial of the script and the figures say nothing of an accelerator.
 """
@@ -41,7 +41,7 @@ from mhalearn import layer, teachers
 from mhalearn.learners import make_learner, reduced
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import append_rows, fused_setting, gd_workload, machine, table
+from _common import RESULTS, append_rows, fused_setting, gd_workload, machine, table
 
 
 def steady_seconds(task, learner, instances: int) -> tuple[float, int]:
@@ -52,15 +52,19 @@ def steady_seconds(task, learner, instances: int) -> tuple[float, int]:
     return min(r.attrs["run_seconds"] for r in runs), int(runs[-1].metrics["success"].sum())
 
 
-def timed_both_ways(name: str, settings: dict, workload) -> list[dict]:
+def timed_both_ways(name: str, settings: dict, workload, context: dict) -> list[dict]:
     """``workload()``'s steady seconds under each of ``settings`` (a value: a context that
-    sets it)."""
+    sets it), its rows appended as the second finishes (a run cut short keeps the choices
+    it timed)."""
     rows = []
-    for value, context in settings.items():
-        with context:
+    for value, setting in settings.items():
+        with setting:
             seconds, recovered = workload()
         rows.append(dict(choice=name, setting=value, seconds=seconds, recovered=recovered))
         print(f"{name} {value}: {seconds:.3f} s")
+    fast, slow = sorted(rows, key=lambda r: r["seconds"])
+    print(f"{name}: {fast['setting']} faster, {slow['seconds'] / fast['seconds']:.2f}×")
+    append_rows("gpu_choices", [dict(r, **context) for r in rows])
     return rows
 
 
@@ -73,6 +77,8 @@ def main() -> None:
     device = jax.devices()[0]
     platform = device.platform
     teachers_n, gd_n = (16, 64) if args.small else (256, 1024)
+    context = {**machine(), "device_kind": device.device_kind, "jax": jax.__version__}
+    context["fused_on_gpu"] = fused_setting()
 
     mh.set_precision("float32")
     task, learner = gd_workload(heads=2, dim=8, tokens=4, samples=32, steps=50)
@@ -81,26 +87,21 @@ def main() -> None:
         return steady_seconds(task, learner, gd_n)
 
     candidates = {n: patch.dict(teachers.CANDIDATES, {platform: n}) for n in (1, 4)}
-    rows = timed_both_ways("candidates", candidates, gd)
+    rows = timed_both_ways("candidates", candidates, gd, context)
     lanes = {n: patch.object(layer, "LANES_MAX", n) for n in (128, 0)}
-    rows += timed_both_ways("lanes", lanes, gd)
+    rows += timed_both_ways("lanes", lanes, gd, context)
 
     mh.set_precision("float64")  # variable projection needs it
-    spec = mh.TeacherSpec(heads=2, dim=8, tokens=4)
+    spec = mh.TeacherSpec(heads=2, dim=8, tokens=4, beta=4.0)  # recovery_speed.py's first cell
     vp_task = mh.RegressionTask(teacher=spec, samples=1000, test_samples=256, success_tol=1e-3)
     vp = make_learner("varpro", 0)
     chunks = {n: patch.dict(reduced.CHUNK_ROWS, {platform: n}) for n in (512, 4096)}
-    rows += timed_both_ways("chunk_rows", chunks, lambda: steady_seconds(vp_task, vp, teachers_n))
-
-    for choice in dict.fromkeys(r["choice"] for r in rows):
-        fast, slow = sorted((r for r in rows if r["choice"] == choice), key=lambda r: r["seconds"])
-        print(f"{choice}: {fast['setting']} faster, {slow['seconds'] / fast['seconds']:.2f}×")
+    rows += timed_both_ways(
+        "chunk_rows", chunks, lambda: steady_seconds(vp_task, vp, teachers_n), context
+    )
     print(f"\n{device.device_kind}:")
     print(table(rows, ["choice", "setting", "seconds", "recovered"]))
-    context = {**machine(), "device_kind": device.device_kind, "jax": jax.__version__}
-    context["fused_on_gpu"] = fused_setting()
-    path = append_rows("gpu_choices", [dict(r, **context) for r in rows])
-    print(f"rows appended to {path}")
+    print(f"rows appended to {RESULTS / 'gpu_choices.csv'}")
 
 
 if __name__ == "__main__":
