@@ -22,9 +22,10 @@ before each setting, so each compiles its own):
   ``MHALEARN_BENCH_FUSED`` says (off by default; where it is on, it replaces both layouts).
 
 Prints the seconds of each setting, which is faster and by how much, and appends each
-choice's rows to ``benchmarks/results/gpu_choices.csv`` as it finishes. Where the faster setting is not the one the engine
-takes on that platform, the constant named above is the one to change. On a CPU the run is a
-trial of the script and the figures say nothing of an accelerator.
+choice's rows to ``benchmarks/results/gpu_choices.csv`` as it finishes. Where the faster
+setting is not the one the engine takes on that platform, the constant named above is the
+one to change. On a CPU the run is a trial of the script and the figures say nothing of an
+accelerator.
 """
 
 from __future__ import annotations
