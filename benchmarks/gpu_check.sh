@@ -39,7 +39,7 @@
 # kernel between steps 1 and 2 has 20 s (it reads one file). On an H200 on 2026-12-04, with
 # the engine of that day, the first four steps took 82 s (without --small), 119 s, over
 # 130 s (with the instance sweep) and over 150 s (log in benchmarks/results/gpu_check_h200.log).
-# With device time left after it, gpu_choices.py beside this script (about 3 minutes) times
+# With device time left after it, gpu_choices.py beside this script (69 s on a 2-core CPU) times
 # both ways the forms the engine takes on an accelerator that no GPU has timed.
 # Install first, e.g.
 #   pip install -e ".[bench]" "jax[cuda12]"

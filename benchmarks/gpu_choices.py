@@ -1,6 +1,6 @@
 """The forms the engine takes on an accelerator that no GPU has timed, each timed both ways.
 
-    python benchmarks/gpu_choices.py            # on a GPU, after gpu_check.sh (about 3 min)
+    python benchmarks/gpu_choices.py            # on a GPU, after gpu_check.sh (CPU: 69 s)
     python benchmarks/gpu_choices.py --small    # fewer instances (the tests' trial on a CPU)
 
 Two forms are chosen for an accelerator (``mhalearn.platforms``) from the kernel launches of

@@ -37,7 +37,8 @@ last steps of an interval is counted where its bit of ``n % check_every`` is set
 budget of Levenberg–Marquardt iterations) vmapped over 256 teachers of
 ``recovery_speed.py``'s first cell in float64, as the GPU check times it, once with the
 chunks of the Gauss–Newton sums a CPU takes and once with an accelerator's
-(``mhalearn.learners.reduced.CHUNK_ROWS``). Prints one table and appends its rows to
+(``mhalearn.learners.reduced.CHUNK_ROWS``), with the program's temporary memory per teacher
+from its memory analysis. Prints one table and appends its rows to
 ``benchmarks/results/gpu_programs.csv``.
 """
 
@@ -208,13 +209,18 @@ def count(text: str, unknown_trips, branch_taken) -> dict[str, int]:
     return {name: round(value) for name, value in counts.items()}
 
 
-def compiled_text(fn, args, device: jax.Device) -> str:
-    """The scheduled HLO of ``jit(fn)`` compiled for ``device`` (matrix products in float32,
-    as the engine's programs are traced)."""
+def compiled(fn, args, device: jax.Device):
+    """``jit(fn)`` compiled for ``device`` (matrix products in float32, as the engine's
+    programs are traced)."""
     sharding = jax.sharding.SingleDeviceSharding(device)
     shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding), args)
     with jax.default_matmul_precision("highest"):
-        return jax.jit(fn).lower(*shapes).compile().as_text()
+        return jax.jit(fn).lower(*shapes).compile()
+
+
+def compiled_text(fn, args, device: jax.Device) -> str:
+    """The scheduled HLO of :func:`compiled`."""
+    return compiled(fn, args, device).as_text()
 
 
 @contextlib.contextmanager
@@ -326,12 +332,14 @@ def varpro_programs(device) -> list[dict]:
     for rows in (reduced.CHUNK_ROWS["cpu"], reduced.CHUNK_ROWS.get("gpu", 4096)):
         with patch.dict(reduced.CHUNK_ROWS, {"gpu": rows}), as_on_a_gpu(False):
             problems = jax.eval_shape(jax.vmap(lambda k: task.sample(k).problem), per.problem)
-            text = compiled_text(jax.vmap(learner.fit), (per.fit, problems), device)
-        c = count(text, unknown_trips, refuse)
+            program = compiled(jax.vmap(learner.fit), (per.fit, problems), device)
+        c = count(program.as_text(), unknown_trips, refuse)
+        temp = program.memory_analysis().temp_size_in_bytes / VARPRO_TEACHERS / 1e6
         out.append(
             {"program": "varpro", "chunk_rows": rows, **shape, "steps": learner.iterations}
             | {"launches": c["launches"], "host_reads": c["host_reads"]}
             | {"copies": c.get("copy", 0), "library_calls": c.get("library", 0)}
+            | {"temp_mb_per_teacher": round(temp, 2)}
         )
     return out
 

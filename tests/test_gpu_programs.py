@@ -145,10 +145,13 @@ def test_the_fused_kernel_as_xlas_own_triton_compiles_it_for_sm_90(gpu, tmp_path
 def test_variable_projection_for_a_gpu_sums_its_system_in_fewer_rounds(gpu, tmp_path):
     """gpu_programs.py --varpro: one start of variable projection over 256 teachers, compiled
     for a GPU, its Gauss–Newton sums in the CPU's chunks and in an accelerator's (one chunk at
-    this cell): fewer launches, the same host reads (one per iteration and per start)."""
+    this cell): fewer launches, the same host reads (one per iteration and per start), more
+    temporary memory."""
     rows = _run("gpu_programs.py", ["--varpro"], tmp_path)
     cpu_chunks, gpu_chunks = rows
     assert int(cpu_chunks["chunk_rows"]) == 512 < int(gpu_chunks["chunk_rows"])
     assert int(gpu_chunks["launches"]) < int(cpu_chunks["launches"])
+    memory = [float(row["temp_mb_per_teacher"]) for row in rows]
+    assert 0 < memory[0] < memory[1]
     iterations = int(gpu_chunks["steps"])
     assert int(gpu_chunks["host_reads"]) == int(cpu_chunks["host_reads"]) == iterations + 3

@@ -60,9 +60,9 @@ def reduced_gradient(problem: RegressionProblem, theta, W) -> Float[Array, " par
 #: (sample, token) rows a chunk of the Gauss–Newton sums takes when no ``sample_chunk`` is
 #: given, by the platform the program is traced for (elsewhere: 4096). A chunk's intermediates
 #: hold about heads · dim² numbers a row: on a CPU 512 rows keep them small; on an accelerator
-#: every chunk is one more round of the sums' kernels (38 launches at the GPU check's variable
-#: projection cell, dim 8, tokens 4, heads 2, 1000 samples), which 4096 rows make one chunk:
-#: 20 iterations of 256 teachers in 4160 launches instead of 9760 (compile-only H100 count)
+#: every chunk is one more round of the sums' kernels, and 4096 rows make the GPU check's
+#: variable projection cell (dim 8, tokens 4, heads 2, 1000 samples) one chunk: 20 iterations
+#: of 256 teachers in 4160 launches instead of 9760 (``benchmarks/gpu_programs.py --varpro``)
 CHUNK_ROWS: dict[str, int] = {"cpu": 512}
 
 
