@@ -329,7 +329,7 @@ def varpro_programs(device) -> list[dict]:
 
     shape = dict(heads=m, dim=d, tokens=T, samples=n, instances=VARPRO_TEACHERS)
     out = []
-    for rows in (reduced.CHUNK_ROWS["cpu"], reduced.CHUNK_ROWS.get("gpu", 4096)):
+    for rows in (reduced.chunk_rows("cpu"), reduced.chunk_rows("gpu")):
         with patch.dict(reduced.CHUNK_ROWS, {"gpu": rows}), as_on_a_gpu(False):
             problems = jax.eval_shape(jax.vmap(lambda k: task.sample(k).problem), per.problem)
             program = compiled(jax.vmap(learner.fit), (per.fit, problems), device)

@@ -6,6 +6,7 @@
     python benchmarks/recovery_speed.py --learners varpro  # the baseline and some learners
     python benchmarks/recovery_speed.py --small --teachers 256 --no-baseline  # the GPU check
     python benchmarks/recovery_speed.py --memory   # peak memory at 64 and 4096 teachers
+    python benchmarks/recovery_speed.py --learners varpro --no-baseline --chunk-rows 4096
 
 Every learner sees the same teachers and training sets (root key 0, instance i). The
 baseline is what a user without mhalearn would write: one teacher at a time, float64
@@ -52,6 +53,7 @@ import scipy.sparse.linalg
 
 import mhalearn as mh
 from mhalearn.learners import make_learner
+from mhalearn.learners import reduced as engine_reduced
 from mhalearn.simulate import instance_keys
 
 mh.set_precision("float64")  # variable projection needs it
@@ -291,7 +293,16 @@ def main() -> None:
         help="split the CPU into this many devices for the batched learners (default: one "
         "per core; the program is compiled once and runs on each)",
     )
+    p.add_argument(
+        "--chunk-rows",
+        type=int,
+        default=None,
+        help="variable projection's (sample, token) rows per chunk of its Gauss–Newton sums "
+        "(default: the engine's for the platform, reduced.CHUNK_ROWS)",
+    )
     args = p.parse_args()
+    if args.chunk_rows is not None and args.chunk_rows < 1:
+        p.error(f"--chunk-rows must be at least 1, received {args.chunk_rows}")
     cpu_devices = mh.split_cpu(args.cpu_devices)  # before JAX touches a device
     if args.memory_one:
         print(json.dumps(memory_one(args.memory_one[0], int(args.memory_one[1]))))
@@ -322,7 +333,14 @@ def main() -> None:
             p.error(f"--teachers must be at least 1, received {args.teachers}")
         cells = [(*cell[:4], args.teachers) for cell in cells]
     restarts = make_learner("varpro", 1).restarts
-    print(f"machine: {machine()}, jax {jax.__version__}, float64, CPU split {cpu_devices}")
+    platform = jax.devices()[0].platform
+    if args.chunk_rows is not None:
+        engine_reduced.CHUNK_ROWS[platform] = args.chunk_rows
+    chunk_rows = engine_reduced.chunk_rows(platform)
+    print(
+        f"machine: {machine()}, jax {jax.__version__}, float64, CPU split {cpu_devices}, "
+        f"variable projection's chunks of {chunk_rows} rows"
+    )
     # an empty persistent cache: the first call of a cell compiles (and stores), the warm one
     # reads what it stored — a second run of the same study
     mh.enable_compilation_cache(tempfile.mkdtemp(prefix="mhalearn-xla-"))
@@ -363,6 +381,7 @@ def main() -> None:
     context = {
         **machine(),
         "fused_on_gpu": fused_setting(),
+        "chunk_rows": chunk_rows,
         "jax": jax.__version__,
         "device_kind": jax.devices()[0].device_kind,
     }

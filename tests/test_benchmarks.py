@@ -130,6 +130,11 @@ def test_the_gpu_check_runs_every_step_on_the_cpu_at_trial_sizes(tmp_path):
     assert "full-batch GPU steps in the steps below: fused kernel off" in out.stdout
     assert {row["fused_on_gpu"] for row in compare} == {"off"}
     assert all(float(row["inst_steps_per_s"]) > 0 for row in compare)
+    # variable projection's rows say the chunks its sums took: the engine's for a CPU
+    from mhalearn.learners import reduced
+
+    chunks = {row["chunk_rows"] for row in _rows(results, "recovery_speed")}
+    assert chunks == {str(reduced.chunk_rows("cpu"))}
     # the verdict read this run's rows, variable projection's against a recorded CPU row
     verdict = out.stdout[out.stdout.index("benchmarks/gpu_targets.py") :]
     lines = ("1. end to end on cpu", "2. the fit alone on cpu", "3. variable projection on")
@@ -246,12 +251,14 @@ def test_the_targets_are_judged_from_the_rows():
 
     cell = dict(dim="8", tokens="4", heads="2", samples="1000", teachers="16")
     cpu = dict(cell, learner="varpro", device_kind="cpu", cores="2", s_per_recovered_wall="0.2")
+    cpu_chunks = str(t.chunk_rows("cpu"))
     recorded = [
         {**cpu, "timestamp": "a", "s_per_recovered_steady": "1.0"},
-        {**cpu, "timestamp": "b", "s_per_recovered_steady": "0.02"},  # the latest
+        {**cpu, "timestamp": "b", "s_per_recovered_steady": "0.02", "chunk_rows": cpu_chunks},
         {**cpu, "cores": "16", "timestamp": "c", "s_per_recovered_steady": "9"},
         {**cpu, "teachers": "64", "timestamp": "d", "s_per_recovered_steady": "9"},
-    ]
+        {**cpu, "chunk_rows": "4096", "timestamp": "e", "s_per_recovered_steady": "9"},
+    ]  # "b" the latest with the CPU's own chunks
     gpu = dict(cell, learner="varpro", device_kind="H200", recovered="16")
     row = {**gpu, "s_per_recovered_steady": "0.001", "s_per_recovered_wall": "0.1"}
     (line,) = t.varpro([row], recorded)

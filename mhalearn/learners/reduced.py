@@ -59,11 +59,19 @@ def reduced_gradient(problem: RegressionProblem, theta, W) -> Float[Array, " par
 
 #: (sample, token) rows a chunk of the Gauss–Newton sums takes when no ``sample_chunk`` is
 #: given, by the platform the program is traced for (elsewhere: 4096). A chunk's intermediates
-#: hold about heads · dim² numbers a row: on a CPU 512 rows keep them small; on an accelerator
-#: every chunk is one more round of the sums' kernels, and 4096 rows make the GPU check's
-#: variable projection cell (dim 8, tokens 4, heads 2, 1000 samples) one chunk: 20 iterations
-#: of 256 teachers in 4160 launches instead of 9760 (``benchmarks/gpu_programs.py --varpro``)
+#: hold about heads · dim² numbers a row: on a CPU 512 rows keep them small (on the CPU split
+#: into its cores 4096 were no faster at any of recovery_speed.py's cells, and slower at dim
+#: 16: ``--chunk-rows``); on an accelerator every chunk is one more round of the sums'
+#: kernels, and 4096 rows make the GPU check's variable projection cell (dim 8, tokens 4,
+#: heads 2, 1000 samples) one chunk: 20 iterations of 256 teachers in 4160 launches instead
+#: of 9760 (``benchmarks/gpu_programs.py --varpro``)
 CHUNK_ROWS: dict[str, int] = {"cpu": 512}
+
+
+def chunk_rows(name: str | None = None) -> int:
+    """The (sample, token) rows of a chunk on the platform ``name`` (default: the platform
+    being traced for, :func:`mhalearn.platforms.platform`)."""
+    return CHUNK_ROWS.get(name or platform(), 4096)
 
 
 def _sample_chunks(arrays, sample_chunk: int | None):
@@ -71,8 +79,7 @@ def _sample_chunks(arrays, sample_chunk: int | None):
     (chunks, chunk, tokens, dim) — the chunk ``sample_chunk`` samples, ``None``: about
     :data:`CHUNK_ROWS` (sample, token) rows — and the chunk size."""
     n, T, d = arrays[0].shape
-    rows = CHUNK_ROWS.get(platform(), 4096)
-    chunk = min(sample_chunk or max(1, rows // T), n)
+    chunk = min(sample_chunk or max(1, chunk_rows() // T), n)
     pad = jnp.zeros(((-n) % chunk, T, d), arrays[0].dtype)
     return tuple(jnp.concatenate([a, pad]).reshape(-1, chunk, T, d) for a in arrays), chunk
 
