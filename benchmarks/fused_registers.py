@@ -42,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import STANDARD, append_rows, machine, table
 
 from mhalearn import fused
+from mhalearn.platforms import lowering_for_gpu
 
 #: registers of one streaming multiprocessor (sm_90)
 SM_REGISTERS = 65536
@@ -77,11 +78,12 @@ def triton_ir(shape: dict, form: str, tile_rows: int, recompute: bool) -> str:
     fn = _kernel(form, tile_rows, recompute)
     registration.lowering.lower_jaxpr_to_triton_module = keep
     try:
-        export.export(
-            jax.jit(fn),
-            platforms=["cuda"],
-            disabled_checks=[export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")],
-        )(*args)
+        with lowering_for_gpu():  # an H100's sm_90, the target below, whatever GPU is here
+            export.export(
+                jax.jit(fn),
+                platforms=["cuda"],
+                disabled_checks=[export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")],
+            )(*args)
     finally:
         registration.lowering.lower_jaxpr_to_triton_module = lower
     (text,) = seen
@@ -141,14 +143,18 @@ def xla_resources(shape: dict, form: str, tile_rows: int, recompute: bool, warps
     from gpu_programs import gpu_device
 
     n, T, d, m = shape["samples"], shape["tokens"], shape["dim"], shape["heads"]
-    sharding = jax.sharding.SingleDeviceSharding(gpu_device())
+    device = gpu_device()
+    sharding = jax.sharding.SingleDeviceSharding(device)
     args = [
         jax.ShapeDtypeStruct((8, *s), jnp.float32, sharding=sharding)
         for s in [(n, T, d)] * 2 + [(m, d, d)] * 2
     ]
     fn = _kernel(form, tile_rows, recompute, warps=warps)
-    with tempfile.TemporaryDirectory() as tmp:
-        jax.jit(jax.vmap(fn)).lower(*args).compile({"xla_dump_to": tmp})
+    with tempfile.TemporaryDirectory() as tmp, lowering_for_gpu(device.device_kind):
+        options = {"xla_dump_to": tmp}
+        if jax.__version_info__ >= (0, 11):  # its XLA dumps PTX among every emitter's steps
+            options["xla_dump_emitter_re"] = ".*"
+        jax.jit(jax.vmap(fn)).lower(*args).compile(options)
         kernels = [
             p for p in Path(tmp).glob("*.ptx") if re.search(r"\.entry kernel\(", p.read_text())
         ]

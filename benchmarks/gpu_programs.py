@@ -68,7 +68,7 @@ from compare import SHAPES, naive_loss
 import mhalearn as mh
 from mhalearn import fused, teachers
 from mhalearn.learners import make_learner, reduced
-from mhalearn.platforms import tracing_for
+from mhalearn.platforms import lowering_for_gpu, tracing_for
 from mhalearn.simulate import _fit_and_score, instance_keys
 
 TARGET = Path(__file__).resolve().parent / "devices" / "h100_sxm.txtpb"
@@ -210,11 +210,11 @@ def count(text: str, unknown_trips, branch_taken) -> dict[str, int]:
 
 
 def compiled(fn, args, device: jax.Device):
-    """``jit(fn)`` compiled for ``device`` (matrix products in float32, as the engine's
-    programs are traced)."""
+    """``jit(fn)`` compiled for ``device``, a compile-only GPU (matrix products in float32, as
+    the engine's programs are traced)."""
     sharding = jax.sharding.SingleDeviceSharding(device)
     shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding), args)
-    with jax.default_matmul_precision("highest"):
+    with jax.default_matmul_precision("highest"), lowering_for_gpu(device.device_kind):
         return jax.jit(fn).lower(*shapes).compile()
 
 

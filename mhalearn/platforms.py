@@ -10,6 +10,11 @@ a group program for a device (:func:`tracing_for`). So a program the engine plac
 CPU of a GPU machine takes the CPU's forms (without this it took the GPU's: four draws side
 by side where one would do, and, once the fused kernel is on, that kernel in Pallas'
 interpret mode).
+
+A program may also be lowered for a GPU the machine lacks (``jax.export`` for ``"cuda"``, or a
+compile-only device of JAX's CUDA plugin). Pallas' Triton lowering, which the fused kernel
+takes, reads the GPU's compute capability from a device: from JAX 0.11 on it refuses to lower
+without one, unless an abstract GPU is named (:func:`lowering_for_gpu`).
 """
 
 from __future__ import annotations
@@ -19,6 +24,9 @@ import contextvars
 from collections.abc import Iterator
 
 import jax
+
+#: the GPU named by :func:`lowering_for_gpu` unless told otherwise, as JAX reports its kind
+H100 = "NVIDIA H100 80GB HBM3"
 
 _TRACING_FOR: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "mhalearn_tracing_for", default=None
@@ -40,3 +48,17 @@ def tracing_for(name: str | None) -> Iterator[None]:
         yield
     finally:
         _TRACING_FOR.reset(token)
+
+
+@contextlib.contextmanager
+def lowering_for_gpu(kind: str = H100) -> Iterator[None]:
+    """Within the block, Pallas' Triton lowering targets a GPU of ``kind`` (a device kind as
+    JAX reports it, e.g. a compile-only device's ``device_kind``) on a machine without a GPU.
+
+    JAX from 0.11 takes the kind from the abstract mesh in use; an empty one carries it, so
+    that no sharding changes. Earlier JAX lowered without it, and a machine with a GPU reads
+    its own."""
+    device = jax.sharding.AbstractDevice(device_kind=kind, num_cores=None, platform="gpu")
+    mesh = jax.sharding.AbstractMesh((), (), abstract_device=device)
+    with jax.sharding.use_abstract_mesh(mesh):
+        yield

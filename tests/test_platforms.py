@@ -9,7 +9,7 @@ import mhalearn as mh
 from mhalearn import fused, problems, teachers
 from mhalearn.fused import fused_form
 from mhalearn.learners import reduced
-from mhalearn.platforms import platform, tracing_for
+from mhalearn.platforms import lowering_for_gpu, platform, tracing_for
 
 
 def test_tracing_for_names_the_platform_within_its_block_only():
@@ -70,3 +70,20 @@ def test_a_program_the_engine_places_on_the_cpu_of_a_gpu_machine_takes_the_cpus_
         mh.set_precision("float64")
     assert candidates and set(candidates) == {1}
     assert np.all(np.isfinite(res.metrics["train_loss"]))
+
+
+def test_lowering_for_gpu_names_an_abstract_gpu_within_its_block_only():
+    """The GPU that Pallas' Triton lowering reads on a machine without one (JAX ≥ 0.11), carried
+    by an empty abstract mesh: nothing is sharded, and nothing is left after the block. That
+    the fused kernel lowers for CUDA under it: tests/test_fused.py."""
+    from jax.sharding import get_abstract_mesh
+
+    before = get_abstract_mesh()
+    with lowering_for_gpu("NVIDIA H200"):
+        mesh = get_abstract_mesh()
+        assert (mesh.abstract_device.device_kind, mesh.abstract_device.platform) == (
+            "NVIDIA H200",
+            "gpu",
+        )
+        assert mesh.axis_names == ()
+    assert get_abstract_mesh() == before
