@@ -295,7 +295,7 @@ def test_a_teacher_the_data_do_not_identify_is_found_so():
     for data in (jnp.repeat(X[:, :1], 3, axis=1), X):  # one token repeated; as drawn
         Y = layer_outputs(data, teacher.theta, teacher.W)
         problem = RegressionProblem(X=data, Y=Y, heads=1, teacher=teacher)
-        fit = OracleConfig().fit(jax.random.key(3), problem)
+        fit = jax.jit(OracleConfig().fit)(jax.random.key(3), problem)
         excess = (problem.loss(fit.params) - problem.loss(teacher)) / jnp.mean(Y**2)
         ok = success(parameter_errors(fit.params, teacher), 1e-3)
         outcomes.append([bool(v) for v in failure_kinds(ok, excess, 1e-6)] + [bool(ok)])

@@ -128,7 +128,9 @@ def test_side_by_side_draws_give_the_loops_teachers(family, demanding):
     chex.assert_trees_all_close(wide, loop, rtol=1e-13, atol=1e-13)
     # a spec no draw passes: every form returns the last draw, flagged, after max_attempts
     impossible = mh.TeacherSpec(heads=2, dim=4, tokens=4, min_sigma_ratio=4.0, max_attempts=5)
-    last = [mh.sample_teacher_with_info(KEY, impossible, candidates=c) for c in (1, 2, 5, 9)]
+    last = jax.jit(
+        lambda k: [mh.sample_teacher_with_info(k, impossible, candidates=c) for c in (1, 2, 5, 9)]
+    )(KEY)
     for teacher, info in last:
         assert not info.accepted and info.attempts == 5
         chex.assert_trees_all_equal(teacher, last[0][0])

@@ -321,37 +321,41 @@ def test_the_early_stop_test_between_blocks_changes_nothing(batch_size):
     # one batch where instances converge (tol), diverge (a huge lr) and run out the budget, at
     # snapshot intervals shorter and longer than the block: testing whether any instance
     # runs after every step (check_every=1, the loop of a step at a time) or only between
-    # blocks of 7 or 16 steps gives the same fits, bit for bit
-    lrs = np.array([1.0, 1e6, 1e-3, 3e-2])
+    # blocks of 7 or 16 steps gives the same fits, bit for bit. The problems are drawn once
+    # and the fits alone vmapped over them, each instance with its own lr and tol.
+    keys = jax.random.split(KEY, 4)
+    problems = jax.jit(jax.vmap(lambda k: EASY.sample(k).problem))(keys)
+    lrs = np.array([1.0, 1e6, 1e-3, 3e-2]) * (1.0 if batch_size is None else 1e-1)
     tol = np.array([1e-2, 0.0, 0.0, 0.0])
-    fits = {
-        every: mh.simulate(
-            jax.random.key(5),
-            EASY,
-            mh.GDConfig(
-                optimizer="gd" if batch_size is None else "adam",
-                steps=90,
-                snapshots=9,
-                lr=lrs if batch_size is None else lrs * 1e-1,
-                tol=tol,
-                batch_size=batch_size,
-                check_every=every,
-            ),
-            4,
-            keep_params=True,
+
+    def fits(every):
+        config = mh.GDConfig(
+            optimizer="gd" if batch_size is None else "adam",
+            steps=90,
+            snapshots=9,
+            lr=lrs,
+            tol=tol,
+            batch_size=batch_size,
+            check_every=every,
         )
-        for every in (1, 7, 16)
-    }
-    base = fits[1]
+        axes = jax.tree.map(lambda leaf: 0 if np.ndim(leaf) == 1 else None, config)
+        return jax.jit(jax.vmap(lambda c, k, p: c.fit(k, p), in_axes=(axes, 0, 0)))(
+            config, keys, problems
+        )
+
+    base = fits(1)
     if batch_size is None:
-        assert list(base.status["diverged"]) == [False, True, False, False]
-        assert base.status["converged"][0] and 0 < base.status["steps_taken"][0] < 90
+        assert list(base.status.diverged) == [False, True, False, False]
+        assert base.status.converged[0] and 0 < base.status.steps_taken[0] < 90
     for every in (7, 16):
+        fit = fits(every)
         for field in ("diverged", "diverged_at", "converged", "steps_taken"):
-            np.testing.assert_array_equal(fits[every].status[field], base.status[field])
-        np.testing.assert_array_equal(fits[every].trace["loss"], base.trace["loss"])
-        np.testing.assert_array_equal(fits[every].params.theta, base.params.theta)
-        np.testing.assert_array_equal(fits[every].params.W, base.params.W)
+            np.testing.assert_array_equal(
+                getattr(fit.status, field), getattr(base.status, field), err_msg=field
+            )
+        np.testing.assert_array_equal(fit.trace.loss, base.trace.loss)
+        np.testing.assert_array_equal(fit.params.theta, base.params.theta)
+        np.testing.assert_array_equal(fit.params.W, base.params.W)
 
 
 @pytest.mark.parametrize("steps, snapshots, check_every", [(50, 2, 16), (100, 10, 16), (90, 9, 7)])
@@ -389,11 +393,12 @@ def test_step_cost_counts_the_layers_products(heads, dim, tokens, samples):
         teacher=mh.TeacherSpec(heads=heads, dim=dim, tokens=tokens), samples=samples
     )
     config = mh.GDConfig(optimizer="gd", steps=4, lr=0.05)
-    costs = []
-    for batch in (4, 12):
-        keys = jax.random.split(KEY, batch)
-        problems = jax.vmap(lambda k: task.sample(k).problem)(keys)
-        costs.append(mh.learners.step_cost(config, keys, problems))
+    keys = jax.random.split(KEY, 12)
+    problems = jax.jit(jax.vmap(lambda k: task.sample(k).problem))(keys)
+    costs = [
+        mh.learners.step_cost(config, keys[:n], jax.tree.map(lambda a, n=n: a[:n], problems))
+        for n in (4, 12)
+    ]
     forward = heads * samples * (4 * tokens * dim**2 + 4 * tokens**2 * dim)
     for cost in costs:
         assert 2.0 * forward < cost.flops < 3.5 * forward
