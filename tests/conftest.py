@@ -4,12 +4,47 @@ float32 behaviour is tested by passing float32 arrays explicitly, and the defaul
 path (x64 off) by the CLI tests, which run in a subprocess.
 """
 
-import numpy as np
-import pytest
+import os
+import pathlib
+import shutil
 
-from mhalearn.batch import set_precision
+# Compiled programs are kept in JAX's persistent cache, shared by the two workers, by later
+# runs and by the processes the tests start (which read these variables): most of the fast
+# tier's time is XLA compiling, and a program already compiled, by this run or an earlier
+# one, is read instead. The cache holds XLA's binary for the same program, options and
+# versions, so no result changes. Programs that compile in under CACHE_SECONDS are not kept
+# (writing thousands of them cost more than it saved). JAX_COMPILATION_CACHE_DIR set
+# beforehand names another folder; set empty, nothing is kept.
+CACHE = pathlib.Path(__file__).resolve().parents[1] / ".cache" / "jax"
+CACHE_SECONDS = 0.3
+CACHE_LIMIT = 2**30  # bytes; a larger cache is emptied when a run starts
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(CACHE))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", str(CACHE_SECONDS))
+
+
+def _folder_bytes(folder: pathlib.Path) -> int:
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+
+
+# pytest-xdist's controller empties an oversized cache before its workers start
+_cache = os.environ["JAX_COMPILATION_CACHE_DIR"]
+if _cache and "PYTEST_XDIST_WORKER" not in os.environ:
+    if _folder_bytes(pathlib.Path(_cache)) > CACHE_LIMIT:
+        shutil.rmtree(_cache, ignore_errors=True)
+
+import jax  # noqa: E402  (after the variables: JAX reads them when imported)
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from mhalearn.batch import set_precision  # noqa: E402
 
 set_precision("float64")
+# where JAX was imported before this file (by a plugin), the same settings by hand
+jax.config.update("jax_compilation_cache_dir", _cache or None)
+jax.config.update(
+    "jax_persistent_cache_min_compile_time_secs",
+    float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]),
+)
 
 
 @pytest.fixture
