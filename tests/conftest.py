@@ -8,6 +8,9 @@ import os
 import pathlib
 import shutil
 
+import numpy as np
+import pytest
+
 # Compiled programs are kept in JAX's persistent cache, shared by the two workers, by later
 # runs and by the processes the tests start (which read these variables): most of the fast
 # tier's time is XLA compiling, and a program already compiled, by this run or an earlier
@@ -32,19 +35,14 @@ if _cache and "PYTEST_XDIST_WORKER" not in os.environ:
     if _folder_bytes(pathlib.Path(_cache)) > CACHE_LIMIT:
         shutil.rmtree(_cache, ignore_errors=True)
 
-import jax  # noqa: E402  (after the variables: JAX reads them when imported)
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-
-from mhalearn.batch import set_precision  # noqa: E402
+# after the variables: JAX reads them when imported
+from mhalearn.batch import enable_compilation_cache, set_precision  # noqa: E402
 
 set_precision("float64")
-# where JAX was imported before this file (by a plugin), the same settings by hand
-jax.config.update("jax_compilation_cache_dir", _cache or None)
-jax.config.update(
-    "jax_persistent_cache_min_compile_time_secs",
-    float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]),
-)
+if _cache:  # in this process too, where a plugin imported JAX before this file
+    enable_compilation_cache(
+        _cache, float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"])
+    )
 
 
 @pytest.fixture

@@ -56,11 +56,12 @@ def set_precision(precision: str) -> None:
     jax.config.update("jax_enable_x64", precision == "float64")
 
 
-def enable_compilation_cache(folder: str) -> None:
+def enable_compilation_cache(folder: str, min_compile_seconds: float = 0.0) -> None:
     """Keep compiled programs in ``folder`` across processes (JAX's persistent compilation
-    cache): a second run of the same shapes skips XLA compilation."""
+    cache): a second run of the same shapes skips XLA compilation. Programs that compile in
+    under ``min_compile_seconds`` are not kept."""
     jax.config.update("jax_compilation_cache_dir", str(folder))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", float(min_compile_seconds))
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
